@@ -1,0 +1,1 @@
+"""Scorer replicas: model loading, the prefill-only forward, the scheduling loop, the deployment."""

@@ -1,0 +1,59 @@
+"""Load an HF model folder (config.json + *.safetensors) into CausalLMForScoring."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from gpu_worker.layers import RotaryEmbedding
+from gpu_worker.model import CausalLMForScoring
+from gpu_worker.model_config import ModelConfig, ModelFolderError
+
+logger = logging.getLogger(__name__)
+
+
+def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> CausalLMForScoring:
+    folder = Path(folder)
+    cfg = ModelConfig.from_folder(folder)
+    files = _safetensors_files(folder)
+    with torch.device("meta"):
+        model = CausalLMForScoring(cfg)
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f, device="cpu"))
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    # Old checkpoints store RoPE frequencies; we compute them from the config.
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    if missing or unexpected:
+        raise ModelFolderError(
+            f"{folder}: weights do not match a {cfg.model_type} model: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    state = {k: v.to(dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # Non-persistent buffers (RoPE frequencies) were created on meta: rebuild them for real.
+    model.model.rotary_emb = RotaryEmbedding(cfg)
+    model.to(device).eval()
+    logger.info("loaded %s (%s, %d layers) as %s on %s", folder, cfg.model_type,
+                cfg.num_hidden_layers, dtype, device)
+    return model
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [folder / n for n in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelFolderError(f"no *.safetensors weights in {folder}")
+    return files

@@ -1,0 +1,154 @@
+"""The scheduling loop: one thread per replica that owns the device.
+
+Each turn packs waiting tasks into a batch under a token budget, launches it, and only then
+finishes the previous batch (DESIGN.md §4): the device works on batch N+1 while the host reads
+batch N's results. With overlap=False the same code finishes every batch right after launching it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+from gpu_worker.engine import Engine, ScoreTask, Step
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    queued_tokens: int
+    queued_sequences: int
+    inflight_tokens: int
+    inflight_sequences: int
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine: Engine,
+        max_batch_tokens: int,
+        max_batch_sequences: int,
+        overlap: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_sequences = max_batch_sequences
+        self.overlap = overlap
+        self._incoming: queue.SimpleQueue[ScoreTask] = queue.SimpleQueue()
+        self._waiting: collections.deque[ScoreTask] = collections.deque()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="score-loop", daemon=True)
+        self._lock = threading.Lock()  # guards the counters below
+        self._queued = [0, 0]  # tokens, sequences submitted and not yet launched
+        self._inflight = [0, 0]  # tokens, sequences launched and not yet finished
+        self.batches_run = 0
+
+    def submit(self, task: ScoreTask) -> None:
+        """Thread-safe. The task's on_done runs on the loop thread."""
+        with self._lock:
+            self._queued[0] += task.num_tokens
+            self._queued[1] += 1
+        self._incoming.put(task)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def depth(self) -> QueueDepth:
+        with self._lock:
+            return QueueDepth(*self._queued, *self._inflight)
+
+    def _run(self) -> None:
+        inflight: Step | None = None
+        while not self._stop.is_set():
+            self._admit(block=inflight is None and not self._waiting)
+            step = None
+            batch = self._pick()
+            if batch:
+                step = self._launch(batch)
+                if step is not None and not self.overlap:
+                    self._finish(step)
+                    step = None
+            if inflight is not None:
+                self._finish(inflight)
+            inflight = step
+        if inflight is not None:
+            self._finish(inflight)
+        self._fail_all_waiting(RuntimeError("the scorer replica is shutting down"))
+
+    def _admit(self, block: bool) -> None:
+        try:
+            if block:
+                self._waiting.append(self._incoming.get(timeout=0.05))
+            while True:
+                self._waiting.append(self._incoming.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _pick(self) -> list[ScoreTask]:
+        batch: list[ScoreTask] = []
+        tokens = 0
+        while self._waiting and len(batch) < self.max_batch_sequences:
+            task = self._waiting[0]
+            # A task bigger than the whole budget still runs, alone.
+            if batch and tokens + task.num_tokens > self.max_batch_tokens:
+                break
+            batch.append(self._waiting.popleft())
+            tokens += task.num_tokens
+        if batch:
+            with self._lock:
+                self._queued[0] -= tokens
+                self._queued[1] -= len(batch)
+                self._inflight[0] += tokens
+                self._inflight[1] += len(batch)
+        return batch
+
+    def _launch(self, batch: list[ScoreTask]) -> Step | None:
+        try:
+            return self.engine.launch(batch)
+        except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop
+            logger.exception("launching a batch of %d sequences failed", len(batch))
+            self._settle(batch, exc)
+            return None
+
+    def _finish(self, step: Step) -> None:
+        try:
+            results = self.engine.finish(step)
+        except Exception as exc:  # noqa: BLE001
+            logger.exception("finishing a batch of %d sequences failed", len(step.tasks))
+            self._settle(step.tasks, exc)
+            return
+        self.batches_run += 1
+        self._settle(step.tasks, results)
+
+    def _settle(self, tasks: list[ScoreTask], outcome: list | BaseException) -> None:
+        with self._lock:
+            self._inflight[0] -= sum(t.num_tokens for t in tasks)
+            self._inflight[1] -= len(tasks)
+        for i, task in enumerate(tasks):
+            result = outcome if isinstance(outcome, BaseException) else outcome[i]
+            try:
+                task.on_done(result)
+            except Exception:  # noqa: BLE001 - a broken callback must not stop the loop
+                logger.exception("a completion callback failed")
+
+    def _fail_all_waiting(self, exc: BaseException) -> None:
+        self._admit(block=False)
+        tasks = list(self._waiting)
+        self._waiting.clear()
+        with self._lock:
+            self._queued = [0, 0]
+            self._inflight[0] += sum(t.num_tokens for t in tasks)
+            self._inflight[1] += len(tasks)
+        self._settle(tasks, exc)

@@ -32,6 +32,10 @@ class ScoreWorker:
     async def score(self, job: ScoreJob) -> list[list[list[float]]]:
         return await score_job(self.scheduler, job)
 
+    def ping(self) -> bool:
+        self.check_health()
+        return True
+
     def check_health(self) -> None:
         if not self.scheduler.alive:
             raise RuntimeError("the scheduling loop thread died")

@@ -1,0 +1,1 @@
+"""HTTP ingress: validation, tokenization, multi-item packing and routing. Never imports torch."""

@@ -1,0 +1,115 @@
+"""Strict check of a Serve config file: `python -m serve_app.check_config configs/score.yaml`.
+
+Serve's own schema silently ignores unknown keys (a typo like `max_concurrent_queries` runs with
+the default). This checks the file against Serve's schema AND against strict models of the keys
+this project uses, so a typo fails before anything starts.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from serve_app.app import AppArgs
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Policy(_Strict):
+    policy_function: str
+    policy_kwargs: dict = {}
+
+
+class Autoscaling(_Strict):
+    min_replicas: int
+    max_replicas: int
+    initial_replicas: int | None = None
+    target_ongoing_requests: float | None = None
+    upscale_delay_s: float | None = None
+    downscale_delay_s: float | None = None
+    look_back_period_s: float | None = None
+    upscaling_factor: float | None = None
+    downscaling_factor: float | None = None
+    aggregation_function: Literal["mean", "max", "min"] | None = None
+    policy: Policy | None = None
+
+
+class ActorOptions(_Strict):
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    memory: float | None = None
+    runtime_env: dict | None = None
+
+
+class Deployment(_Strict):
+    name: Literal["ScoreIngress", "ScoreWorker"]
+    num_replicas: int | Literal["auto"] | None = None
+    max_ongoing_requests: int | None = None
+    max_queued_requests: int | None = None
+    ray_actor_options: ActorOptions | None = None
+    autoscaling_config: Autoscaling | None = None
+    health_check_period_s: float | None = None
+    health_check_timeout_s: float | None = None
+    graceful_shutdown_timeout_s: float | None = None
+    graceful_shutdown_wait_loop_s: float | None = None
+
+
+class Application(_Strict):
+    name: str
+    route_prefix: str | None = "/"
+    import_path: Literal["serve_app.app:build_app"]
+    runtime_env: dict | None = None
+    args: AppArgs
+    deployments: list[Deployment] = []
+
+
+class HttpOptions(_Strict):
+    host: str | None = None
+    port: int | None = None
+    request_timeout_s: float | None = None
+    keep_alive_timeout_s: float | None = None
+    root_path: str | None = None
+
+
+class ServeConfig(_Strict):
+    proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] | None = None
+    http_options: HttpOptions | None = None
+    logging_config: dict | None = None
+    applications: list[Application]
+
+
+def check_config(path: str | Path) -> ServeConfig:
+    """Raises ValueError naming every problem found."""
+    from ray.serve.schema import ServeDeploySchema
+
+    data = yaml.safe_load(Path(path).read_text())
+    try:
+        ServeDeploySchema.model_validate(data)
+        return ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m serve_app.check_config CONFIG.yaml ...", file=sys.stderr)
+        return 2
+    status = 0
+    for path in argv:
+        try:
+            check_config(path)
+            print(f"{path}: ok")
+        except (ValueError, OSError) as exc:
+            print(exc, file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,99 @@
+"""The ingress deployment: HTTP routes, validation, tokenization, routing to scorer replicas."""
+
+# NOTE: no `from __future__ import annotations`: FastAPI must see real types on the routes.
+
+import asyncio
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from serve_app.packing import ScoreJob
+from serve_app.protocol import ApiError, ErrorResponse, ScoreRequest, ScoreResponse, Usage
+from serve_app.scoring import score
+from serve_app.tokenizer import TextTokenizer
+from serve_app.validate import Limits, check_request, parse_body
+
+logger = logging.getLogger(__name__)
+
+app = FastAPI(
+    title="LLM ranking service",
+    description="Scores items against a query with a causal LM: label-token probabilities.",
+)
+
+_SCORE_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": ScoreRequest.model_json_schema()}},
+    }
+}
+
+HEALTH_TIMEOUT_S = 5.0
+
+DEFAULT_OPTIONS = {
+    "max_ongoing_requests": 256,
+    "ray_actor_options": {"num_cpus": 0.5},
+}
+
+
+@app.exception_handler(ApiError)
+async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.envelope(), status_code=exc.status)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    # Unknown routes and wrong methods get the same envelope as every other error.
+    return await _api_error(_, ApiError(exc.status_code, str(exc.detail)))
+
+
+@serve.deployment(**DEFAULT_OPTIONS)
+@serve.ingress(app)
+class ScoreIngress:
+    def __init__(
+        self,
+        worker: DeploymentHandle,
+        model_path: str,
+        served_model_name: str,
+        vocab_size: int,
+        limits: Limits,
+    ) -> None:
+        self.worker = worker
+        self.tokenizer = TextTokenizer(model_path)
+        self.model_name = served_model_name
+        self.vocab_size = vocab_size
+        self.limits = limits
+
+    @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
+              responses={code: {"model": ErrorResponse} for code in (400, 413, 503)})
+    async def score(self, request: Request) -> ScoreResponse:
+        # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with
+        # the field named, instead of FastAPI's 422 list.
+        body = parse_body(await request.body(), self.limits)
+        parsed = check_request(body, self.limits, self.vocab_size)
+        result = await score(parsed, self.tokenizer, self.limits, self._call_worker)
+        return ScoreResponse(
+            scores=result.scores,
+            model=parsed.model or self.model_name,
+            usage=Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
+        )
+
+    @app.get("/v1/models")
+    async def models(self) -> dict:
+        return {"object": "list",
+                "data": [{"id": self.model_name, "object": "model", "owned_by": "ranker"}]}
+
+    @app.get("/health")
+    async def health(self) -> dict:
+        # Healthy means a scorer replica answers, not only that this process is up.
+        try:
+            await asyncio.wait_for(self.worker.ping.remote(), timeout=HEALTH_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            raise ApiError(503, f"no scorer replica is ready: {type(exc).__name__}") from None
+        return {"status": "ok", "model": self.model_name}
+
+    async def _call_worker(self, job: ScoreJob) -> list[list[list[float]]]:
+        return await self.worker.score.remote(job)

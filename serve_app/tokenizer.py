@@ -1,0 +1,33 @@
+"""Tokenization in the ingress with the `tokenizers` library (Rust, batched, no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from gpu_worker.model_config import ModelFolderError
+
+
+class TextTokenizer:
+    """The query gets the tokenizer's special tokens, items none.
+
+    NOTE: tokenizing query and items separately can differ from tokenizing the joined string
+    (a merge across the boundary); token-id inputs avoid the question.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        path = Path(folder) / "tokenizer.json"
+        if not path.is_file():
+            raise ModelFolderError(f"no tokenizer.json in {folder}: a fast (tokenizers) tokenizer "
+                                   "file is needed")
+        self._tok = Tokenizer.from_file(str(path))
+        # A tokenizer.json may carry truncation or padding settings: we never truncate silently.
+        self._tok.no_truncation()
+        self._tok.no_padding()
+
+    def encode_query(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=True).ids
+
+    def encode_items(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]

@@ -1,0 +1,122 @@
+"""Request checks that need the model (vocabulary) or the service limits; all raise ApiError."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from serve_app.protocol import ApiError, ScoreRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_items: int = 1024  # items per request
+    max_labels: int = 64  # label_token_ids per request
+    max_request_tokens: int = 65536  # query + all items, after tokenization
+    max_seq_tokens: int = 8192  # one packed sequence; bigger requests are split
+    max_context: int = 8192  # query + one item (the model's positions)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    is_text: bool
+    query: str | list[int]
+    items: list[str] | list[list[int]]
+    label_ids: list[int]
+    apply_softmax: bool
+    item_first: bool
+    model: str | None
+
+
+_UNION_MESSAGES = {
+    "query": "query must be a string or a list of token ids (integers)",
+    "items": "items must be a string, a list of strings, or a list of token-id lists",
+}
+
+
+def parse_body(body: bytes, limits: Limits) -> ScoreRequest:
+    if len(body) > limits.max_body_bytes:
+        raise ApiError(413, f"request body is larger than {limits.max_body_bytes} bytes", "body")
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", "body") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object", "body")
+    try:
+        return ScoreRequest.model_validate(data)
+    except ValidationError as exc:
+        raise _describe(exc) from None
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _describe(exc: ValidationError) -> ApiError:
+    err = exc.errors()[0]
+    loc = err["loc"]
+    field = str(loc[0]) if loc else None
+    if err["type"] == "extra_forbidden":
+        return ApiError(400, f"unknown field {field!r}", field)
+    if field in _UNION_MESSAGES:
+        return ApiError(400, _UNION_MESSAGES[field], field)
+    path = field or "body"
+    for part in loc[1:]:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return ApiError(400, f"{path}: {err['msg']}", path)
+
+
+def check_request(req: ScoreRequest, limits: Limits, vocab_size: int) -> ParsedRequest:
+    """Everything that can be checked before tokenization."""
+    labels = req.label_token_ids
+    if not labels:
+        raise ApiError(400, "label_token_ids is required and must be a nonempty list",
+                       "label_token_ids")
+    if len(labels) > limits.max_labels:
+        raise ApiError(400, f"label_token_ids has {len(labels)} ids; the limit is "
+                       f"{limits.max_labels}", "label_token_ids")
+    for i, label in enumerate(labels):
+        if not 0 <= label < vocab_size:
+            raise ApiError(400, f"label_token_ids[{i}] = {label} is outside the vocabulary "
+                           f"[0, {vocab_size})", f"label_token_ids[{i}]")
+    if len(set(labels)) != len(labels):
+        raise ApiError(400, "label_token_ids must not contain duplicates", "label_token_ids")
+
+    if req.items is None:
+        raise ApiError(400, "items must be provided", "items")
+    items = [req.items] if isinstance(req.items, str) else req.items
+    if len(items) > limits.max_items:
+        raise ApiError(413, f"{len(items)} items; the limit is {limits.max_items} per request",
+                       "items")
+    items_are_text = bool(items) and isinstance(items[0], str)
+    query = req.query
+    if query is None:
+        query = "" if items_are_text or not items else []
+    is_text = isinstance(query, str)
+    if items and items_are_text != is_text:
+        raise ApiError(400, "query and items must both be text or both be token ids", "items")
+    if not is_text:
+        _check_token_ids(query, "query", vocab_size)
+        for k, item in enumerate(items):
+            _check_token_ids(item, f"items[{k}]", vocab_size)
+    return ParsedRequest(is_text, query, items, list(labels), req.apply_softmax,
+                         req.item_first, req.model)
+
+
+def _check_token_ids(ids: list[int], param: str, vocab_size: int) -> None:
+    for j, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise ApiError(400, f"{param}[{j}] = {token} is outside the vocabulary "
+                           f"[0, {vocab_size})", f"{param}[{j}]")
+
+
+def check_token_count(query: list[int], items: list[list[int]], limits: Limits) -> int:
+    total = len(query) + sum(len(item) for item in items)
+    if total > limits.max_request_tokens:
+        raise ApiError(413, f"the request has {total} tokens (query + items); the limit is "
+                       f"{limits.max_request_tokens}", "items")
+    return total

@@ -1,0 +1,142 @@
+"""Model fixtures for the engine tests: the real default model and tiny seeded-random checkpoints.
+
+Tiny checkpoints are real HF folders written by transformers' own `save_pretrained`, so loading
+them exercises our loader on exactly what HF writes (tied/untied heads, Qwen2 biases, Qwen3
+q/k-norm, llama3 RoPE scaling in `rope_parameters`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from gpu_worker.engine import Engine
+from gpu_worker.loader import load_model
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = REPO_ROOT / "models" / "smollm2-135m-instruct"
+
+_TINY_SHAPE = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+# name -> (config class name, extra config kwargs)
+TINY_FAMILIES = {
+    "llama": ("LlamaConfig", dict(head_dim=16, tie_word_embeddings=True)),
+    "llama_untied": ("LlamaConfig", dict(head_dim=16, tie_word_embeddings=False)),
+    "llama3_rope": (
+        "LlamaConfig",
+        dict(
+            head_dim=16,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 500000.0,
+            },
+        ),
+    ),
+    # Qwen2 has no head_dim setting: hidden 64 / 4 heads = 16. Its q/k/v always carry biases.
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False)),
+    "qwen3": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=True)),
+}
+
+
+def _randomize(model: torch.nn.Module) -> None:
+    """Seeded weights large enough that log-probs spread out (a near-uniform head would hide
+    errors) and biases clearly non-zero (HF zero-initialises them)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            else:
+                torch.nn.init.normal_(param, std=0.15)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """Factory: family name (a key of TINY_FAMILIES) -> path of a saved fp32 HF checkpoint."""
+    import transformers
+
+    made: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            config_cls, extra = TINY_FAMILIES[family]
+            config = getattr(transformers, config_cls)(**_TINY_SHAPE, **extra)
+            torch.manual_seed(1234)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            _randomize(model)
+            path = tmp_path_factory.mktemp(f"tiny_{family}")
+            model.save_pretrained(path)
+            made[family] = path
+        return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    if not (DEFAULT_MODEL / "config.json").is_file():
+        pytest.fail(
+            f"the default model is missing at {DEFAULT_MODEL}: "
+            "run `python scripts/prepare_model.py`"
+        )
+    return DEFAULT_MODEL
+
+
+@pytest.fixture(scope="session")
+def engine_for():
+    """Factory: model folder -> our fp32 CPU Engine, loaded once per session."""
+    engines: dict[Path, Engine] = {}
+
+    def get(path: Path) -> Engine:
+        if path not in engines:
+            device = torch.device("cpu")
+            engines[path] = Engine(load_model(path, torch.float32, device), device)
+        return engines[path]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_model_for():
+    """Factory: model folder -> HF transformers fp32 reference model, loaded once per session."""
+    from transformers import AutoModelForCausalLM
+
+    models: dict[Path, torch.nn.Module] = {}
+
+    def get(path: Path) -> torch.nn.Module:
+        if path not in models:
+            models[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        return models[path]
+
+    return get
+
+
+def _score_sequences(engine: Engine, sequences, label_ids: list[int]) -> list[list[list[float]]]:
+    """One launch of all `sequences` as a batch; per sequence, items × label log-probs."""
+    from gpu_worker.engine import ScoreTask
+
+    tasks = [ScoreTask(seq, list(label_ids), on_done=lambda _: None) for seq in sequences]
+    return engine.finish(engine.launch(tasks))
+
+
+@pytest.fixture(scope="session")
+def score_sequences():
+    """`score_sequences(engine, [PackedSequence, ...], label_ids)` -> per sequence, rows."""
+    return _score_sequences

@@ -1,0 +1,157 @@
+"""The scheduling loop on a real Engine (tiny Llama): batching, overlap, isolation of failures.
+
+Tasks are submitted before start() wherever batch composition matters: the loop then admits them
+all on its first turn and composes the same batches every run.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+
+import pytest
+
+from gpu_worker.engine import Engine, ScoreTask, Step
+from gpu_worker.scheduler import QueueDepth, Scheduler
+from serve_app.packing import PackedSequence, pack_multi_item, pack_plain
+
+TIMEOUT_S = 30.0
+LABELS = [0, 5, 511]
+IDLE = QueueDepth(0, 0, 0, 0)
+
+
+class SpyEngine(Engine):
+    """Records each launched batch (as sequence indices) and fails batches holding a poisoned
+    sequence, the way a device error would."""
+
+    def __init__(self, base: Engine, poisoned: tuple[PackedSequence, ...] = ()) -> None:
+        super().__init__(base.model, base.device)
+        self.poisoned = {id(seq) for seq in poisoned}
+        self.batches: list[list[int]] = []  # ids of the sequences in each launched batch
+
+    def launch(self, tasks: list[ScoreTask]) -> Step:
+        self.batches.append([id(t.sequence) for t in tasks])
+        if any(id(t.sequence) in self.poisoned for t in tasks):
+            raise RuntimeError("poisoned batch")
+        return super().launch(tasks)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint, engine_for) -> Engine:
+    return engine_for(tiny_checkpoint("llama"))
+
+
+@pytest.fixture(scope="module")
+def sequences() -> list[PackedSequence]:
+    """Eight requests' worth of sequences, 17 to 65 tokens, plain and multi-item mixed."""
+    rng = random.Random("scheduler")
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(512) for _ in range(n)]
+
+    seqs = []
+    for k in range(8):
+        if k % 3 == 2:
+            seqs.append(pack_plain(toks(13 + 2 * k), 0))
+        else:
+            items = [toks(rng.randrange(0, 12)) for _ in range(1 + k % 4)]
+            seqs.append(pack_multi_item(toks(20 + 3 * k), items, delimiter_id=1))
+    return seqs
+
+
+class Collector:
+    """on_done callbacks for a list of tasks: results by index, and the thread each ran on."""
+
+    def __init__(self) -> None:
+        self.done: queue.Queue = queue.Queue()
+
+    def callback(self, index: int):
+        def on_done(result) -> None:
+            self.done.put((index, result, threading.current_thread()))
+
+        return on_done
+
+    def wait(self, n: int) -> dict[int, object]:
+        results = {}
+        for _ in range(n):
+            index, result, thread = self.done.get(timeout=TIMEOUT_S)
+            assert thread is not threading.main_thread()
+            assert thread.name == "score-loop"
+            results[index] = result
+        return results
+
+
+def run_all(scheduler: Scheduler, seqs: list[PackedSequence]) -> list:
+    """Submit everything before start(), wait for every result, stop; results in task order."""
+    collector = Collector()
+    for i, seq in enumerate(seqs):
+        scheduler.submit(ScoreTask(seq, LABELS, collector.callback(i)))
+    assert scheduler.depth() == QueueDepth(sum(s.num_tokens for s in seqs), len(seqs), 0, 0)
+    scheduler.start()
+    try:
+        results = collector.wait(len(seqs))
+        assert scheduler.depth() == IDLE
+    finally:
+        scheduler.stop()
+    assert not scheduler.alive
+    return [results[i] for i in range(len(seqs))]
+
+
+def test_overlap_equals_synchronous_bitwise(engine, sequences, score_sequences):
+    runs = {}
+    for overlap in (True, False):
+        scheduler = Scheduler(engine, max_batch_tokens=120, max_batch_sequences=3, overlap=overlap)
+        runs[overlap] = (run_all(scheduler, sequences), scheduler.batches_run)
+    assert runs[True][1] == runs[False][1] > 1  # several batches, so overlap really overlapped
+    assert runs[True][0] == runs[False][0]  # exact floats
+    # ...and each result belongs to its own task (a mix-up would give equal but wrong results).
+    alone = [score_sequences(engine, [seq], LABELS)[0] for seq in sequences]
+    for got, want in zip(runs[True][0], alone, strict=True):
+        assert len(got) == len(want)
+        assert max(abs(a - b) for ra, rb in zip(got, want) for a, b in zip(ra, rb)) <= 1e-5
+
+
+def test_batches_across_requests(engine, sequences):
+    spy = SpyEngine(engine)
+    scheduler = Scheduler(spy, max_batch_tokens=10_000, max_batch_sequences=5)
+    run_all(scheduler, sequences)
+    assert [len(b) for b in spy.batches] == [5, 3]
+    assert scheduler.batches_run == 2 < len(sequences)
+
+
+def test_task_larger_than_budget_runs_alone(engine, sequences, score_sequences):
+    small = [seq for seq in sequences if seq.num_tokens <= 40][:3]
+    big = max(sequences, key=lambda s: s.num_tokens)
+    budget = 60
+    assert big.num_tokens > budget and len(small) == 3
+    spy = SpyEngine(engine)
+    order = [small[0], big, small[1], small[2]]
+    results = run_all(Scheduler(spy, max_batch_tokens=budget, max_batch_sequences=8), order)
+    # The big task neither joins the batch before it nor takes the small ones after it along.
+    assert spy.batches == [[id(small[0])], [id(big)], [id(small[1]), id(small[2])]]
+    assert results[1] == score_sequences(engine, [big], LABELS)[0]
+
+
+def test_failed_launch_fails_only_its_batch(engine, sequences):
+    poisoned = sequences[1]
+    spy = SpyEngine(engine, poisoned=(poisoned,))
+    scheduler = Scheduler(spy, max_batch_tokens=10_000, max_batch_sequences=2)
+    collector = Collector()
+    for i, seq in enumerate(sequences[:4]):  # batches [0, 1*] and [2, 3]
+        scheduler.submit(ScoreTask(seq, LABELS, collector.callback(i)))
+    scheduler.start()
+    try:
+        first = collector.wait(4)
+        assert isinstance(first[0], RuntimeError) and first[0] is first[1]
+        assert str(first[0]) == "poisoned batch"
+        assert all(isinstance(first[i], list) and len(first[i]) == sequences[i].num_items
+                   for i in (2, 3))
+        # The loop survived: a task submitted after the failure is still served.
+        scheduler.submit(ScoreTask(sequences[5], LABELS, collector.callback(5)))
+        later = collector.wait(1)
+        assert isinstance(later[5], list) and len(later[5]) == sequences[5].num_items
+        assert scheduler.depth() == IDLE
+        assert scheduler.alive
+    finally:
+        scheduler.stop()

@@ -13,8 +13,10 @@ from typing import Callable
 
 import torch
 
+from gpu_worker.attention_flashinfer import FlashInferAttention
 from gpu_worker.attention_torch import TorchAttention
 from gpu_worker.model import CausalLMForScoring
+from gpu_worker.ops import CudaOps, TorchOps
 from serve_app.packing import PackedSequence
 
 logger = logging.getLogger(__name__)
@@ -48,12 +50,33 @@ class Step:
 
 
 class Engine:
-    def __init__(self, model: CausalLMForScoring, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: CausalLMForScoring,
+        device: torch.device,
+        attention: str = "torch",  # "torch" (SDPA + explicit mask) or "flashinfer"
+        ops: str = "torch",  # "torch" or "cuda" (fused FlashInfer + Triton kernels)
+        flashinfer_backend: str = "fa2",
+        fp32_residual: bool = True,  # with ops="cuda": keep the residual stream in fp32
+    ) -> None:
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size
+        self.dtype = model.lm_head.weight.dtype
+        cfg = model.config
+        self.ops = CudaOps(cfg, device, fp32_residual) if ops == "cuda" else TorchOps(cfg)
+        # Benchmarks set a list here to collect (start, done) CUDA events per step.
+        self.step_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
+        self.flashinfer_attention = (
+            FlashInferAttention(cfg, device, flashinfer_backend)
+            if attention == "flashinfer" else None
+        )
 
     def launch(self, tasks: list[ScoreTask]) -> Step:
+        started = None
+        if self.step_events is not None:  # recorded first: host preparation counts as step time
+            started = torch.cuda.Event(enable_timing=True)
+            started.record()
         sequences = [t.sequence for t in tasks]
         input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(tasks)
         on_cuda = self.device.type == "cuda"
@@ -62,17 +85,23 @@ class Engine:
             for x in (input_ids, positions, score_rows, label_rows, label_ids)
         ]
         dev = [h.to(self.device, non_blocking=True) for h in host]
-        attend = TorchAttention(sequences, self.device)
+        if self.flashinfer_attention is not None:
+            attend, plan_tensors = self.flashinfer_attention, self.flashinfer_attention.plan(
+                sequences, self.dtype)
+        else:
+            attend, plan_tensors = TorchAttention(sequences, self.device), ()
         with torch.inference_mode():
-            hidden = self.model.model(dev[0], dev[1], dev[2], attend)
+            hidden = self.model.model(dev[0], dev[1], dev[2], self.ops, attend)
             out = self.model.label_logprobs(hidden, dev[3], dev[4])
         if not on_cuda:
             return Step(tasks, tuple(host), out, None)
-        out_cpu = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        out_cpu = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)  # [N] fp32
         out_cpu.copy_(out, non_blocking=True)
-        done = torch.cuda.Event()
+        done = torch.cuda.Event(enable_timing=started is not None)
         done.record()
-        return Step(tasks, (*host, *dev, out), out_cpu, done)
+        if started is not None:
+            self.step_events.append((started, done))
+        return Step(tasks, (*host, *dev, *plan_tensors, out), out_cpu, done)
 
     def finish(self, step: Step) -> list[list[list[float]]]:
         """Per task: one row of label log-probs per item."""

@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from gpu_worker.layers import RotaryEmbedding
-from gpu_worker.model import CausalLMForScoring
+from gpu_worker.model import PACKED_MODULES, CausalLMForScoring
 from gpu_worker.model_config import ModelConfig, ModelFolderError
 
 logger = logging.getLogger(__name__)
@@ -28,7 +27,7 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> 
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     # Old checkpoints store RoPE frequencies; we compute them from the config.
-    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    state = _pack({k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")})
     expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     missing, unexpected = expected - state.keys(), state.keys() - expected
     if missing or unexpected:
@@ -36,16 +35,25 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> 
             f"{folder}: weights do not match a {cfg.model_type} model: "
             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
-    state = {k: v.to(dtype) for k, v in state.items()}
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    # Non-persistent buffers (RoPE frequencies) were created on meta: rebuild them for real.
-    model.model.rotary_emb = RotaryEmbedding(cfg)
     model.to(device).eval()
     logger.info("loaded %s (%s, %d layers) as %s on %s", folder, cfg.model_type,
                 cfg.num_hidden_layers, dtype, device)
     return model
+
+
+def _pack(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stack q/k/v and gate/up weights (and biases) into the packed parameters."""
+    for packed, parts in PACKED_MODULES.items():
+        for key in [k for k in state if f".{parts[0]}." in k]:
+            names = [key.replace(f".{parts[0]}.", f".{part}.") for part in parts]
+            if all(n in state for n in names):
+                state[key.replace(f".{parts[0]}.", f".{packed}.")] = torch.cat(
+                    [state.pop(n) for n in names], dim=0)
+    return state
 
 
 def _safetensors_files(folder: Path) -> list[Path]:

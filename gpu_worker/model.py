@@ -1,7 +1,10 @@
-"""The decoder forward for Llama, Qwen2 and Qwen3: prefill only, HF parameter names.
+"""The decoder forward for Llama, Qwen2 and Qwen3: prefill only.
 
-The model returns final hidden states only at the score rows; `ScoringHead` turns them into
-label log-probabilities. Attention is delegated to a backend that knows the packed layout.
+Parameter names are HF's, except the two packed projections that every serving engine uses:
+`qkv_proj` (q, k, v stacked) and `gate_up_proj` (gate, up stacked); the loader stacks them from
+the checkpoint (`PACKED_MODULES`). The model returns final hidden states only at the score rows;
+`label_logprobs` turns them into label log-probabilities. Element-wise ops come from `ops`
+(TorchOps or FlashInferOps) and attention from a backend that knows the packed layout.
 """
 
 from __future__ import annotations
@@ -9,11 +12,15 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from gpu_worker.layers import RMSNorm, RotaryEmbedding, apply_rope
 from gpu_worker.model_config import ModelConfig
+
+# packed parameter -> the checkpoint's parameters, stacked along the output dimension
+PACKED_MODULES = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
 
 
 class AttentionBackend(Protocol):
@@ -22,49 +29,55 @@ class AttentionBackend(Protocol):
         ...
 
 
+class Ops(Protocol):
+    def rms_norm(self, x, weight, eps): ...
+    def add_rms_norm(self, x, residual, weight, eps): ...
+    def start_residual(self, x): ...
+    def prepare_qkv(self, qkv, positions, attn: "Attention"): ...
+    def silu_and_mul(self, gate_up): ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attend: AttentionBackend,
-    ) -> torch.Tensor:
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.o_proj(attend(q, k, v).reshape(t, self.num_heads * self.head_dim))
+    def forward(self, x, positions, ops: Ops, attend: AttentionBackend, rows=None):
+        """`rows`: keep only these rows of the output (every row still serves as key/value)."""
+        q, k, v = ops.prepare_qkv(self.qkv_proj(x), positions, self)
+        out = attend(q, k, v).reshape(x.shape[0], self.q_size)
+        if rows is not None:
+            out = out.index_select(0, rows)
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -75,9 +88,20 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, attend: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, ops: Ops, attend: AttentionBackend, rows=None):
+        """x: the previous sublayer's output, added to `residual` here (fused with the norm).
+        With `rows`, everything after attention runs on those rows only."""
+        norm = self.input_layernorm
+        if residual is None:
+            residual, x = ops.start_residual(x), ops.rms_norm(x, norm.weight, norm.eps)
+        else:
+            x, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        x = self.self_attn(x, positions, ops, attend, rows)
+        if rows is not None:
+            residual = residual.index_select(0, rows)
+        norm = self.post_attention_layernorm
+        x, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        return self.mlp(x, ops), residual
 
 
 class DecoderModel(nn.Module):
@@ -86,27 +110,28 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(cfg)
 
     def forward(
         self,
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
         score_rows: torch.Tensor,  # [R] int64
+        ops: Ops,
         attend: AttentionBackend,
     ) -> torch.Tensor:
         """Final-norm hidden states at the score rows: [R, hidden]."""
-        x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, attend)
-        # RMSNorm is per row: normalising only the rows we score gives the same values.
-        return self.norm(x.index_select(0, score_rows))
+        x, residual = self.embed_tokens(input_ids), None
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            # Nothing reads the last layer's output at other rows: its o_proj, MLP and the
+            # final norm run only at the score rows.
+            x, residual = layer(x, residual, positions, ops, attend,
+                                score_rows if i == last else None)
+        x, _ = ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
+        return x
 
 
 class CausalLMForScoring(nn.Module):
-    """HF names (`model.*`, `lm_head.weight`) so a checkpoint's state dict loads as is."""
-
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg

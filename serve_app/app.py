@@ -5,6 +5,7 @@
 
 import logging
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray.serve import Application
@@ -29,10 +30,14 @@ class AppArgs(BaseModel):
     served_model_name: str = "smollm2-135m-instruct"
     device: str = "cpu"
     dtype: str = "float32"
-    max_batch_tokens: int = Field(8192, gt=0)
+    max_batch_tokens: int = Field(8192, ge=0, description="0: derived from free GPU memory")
     max_batch_sequences: int = Field(256, gt=0)
     overlap: bool = True
     torch_threads: int = Field(0, ge=0)
+    attention: Literal["torch", "flashinfer"] = "torch"
+    ops: Literal["torch", "cuda"] = "torch"
+    flashinfer_backend: Literal["fa2", "fa3"] = "fa2"
+    fp32_residual: bool = True
     max_items_per_request: int = Field(1024, gt=0)
     max_labels_per_request: int = Field(64, gt=0)
     max_tokens_per_request: int = Field(65536, gt=0)
@@ -41,7 +46,7 @@ class AppArgs(BaseModel):
 
     @model_validator(mode="after")
     def _seq_fits_batch(self) -> "AppArgs":
-        if self.max_seq_tokens > self.max_batch_tokens:
+        if 0 < self.max_batch_tokens < self.max_seq_tokens:
             raise ValueError("max_seq_tokens must not exceed max_batch_tokens")
         return self
 
@@ -77,6 +82,10 @@ def build_app(args: AppArgs) -> Application:
         max_batch_sequences=args.max_batch_sequences,
         overlap=args.overlap,
         torch_threads=args.torch_threads,
+        attention=args.attention,
+        ops=args.ops,
+        flashinfer_backend=args.flashinfer_backend,
+        fp32_residual=args.fp32_residual,
     )
     logger.info("building score app: %s, %s", worker_cfg, limits)
     worker = ScoreWorker.bind(worker_cfg)

@@ -1,0 +1,95 @@
+"""`flashinfer` attention backend: multi-item prefill over the batch's own K/V (GPU only).
+
+FlashInfer applies the multi-item mask only through BatchPrefillWithPagedKVCacheWrapper (the
+ragged wrapper silently ignores it), so K/V are viewed as pages of one token: page indices are
+0..T-1, kv_indptr equals qo_indptr and every last page holds one token. No KV cache is kept.
+Plain causal sequences share the batch with prefix_len = their length and an all-zero slot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpu_worker.model_config import ModelConfig
+from serve_app.packing import PackedSequence
+
+WORKSPACE_BYTES = 256 << 20
+MAX_ITEM_POS = 65535  # token_pos_in_items and max_item_len are uint16 in the kernel
+
+
+class FlashInferAttention:
+    """One per engine. `plan()` once per batch, then the model calls it once per layer."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device, backend: str = "fa2") -> None:
+        import flashinfer
+
+        self.cfg = cfg
+        self.device = device
+        self.workspace_gpu = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace_gpu, "NHD", backend=backend)
+        self.page_ids_gpu = torch.arange(0, dtype=torch.int32, device=device)
+        self._plan_copied: torch.cuda.Event | None = None
+
+    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Plan the batch; returns the tensors that must stay alive until the batch finished."""
+        lengths = [s.num_tokens for s in sequences]
+        total = sum(lengths)
+        if self.page_ids_gpu.numel() < total:
+            self.page_ids_gpu = torch.arange(max(total, 2 * self.page_ids_gpu.numel()),
+                                             dtype=torch.int32, device=self.device)
+        # NOTE: qo_indptr stays on the host: plan() reads it there, so a CPU tensor means no sync
+        # (max_token_per_sequence / max_sequence_kv would skip that read but break 0.6.6's plan).
+        indptr = [0]
+        for n in lengths:
+            indptr.append(indptr[-1] + n)
+        qo_indptr_cpu = torch.tensor(indptr, dtype=torch.int32)  # [B+1]
+        last_page_len_cpu = torch.ones(len(sequences), dtype=torch.int32)  # [B]
+        mis_kwargs, keep = self._multi_item_params(sequences)
+        # NOTE: plan() stages its schedule in a pinned buffer that every plan() rewrites; the
+        # previous plan's copy out of it must have run before we overwrite it.
+        if self._plan_copied is not None:
+            self._plan_copied.synchronize()
+        self.wrapper.plan(
+            qo_indptr_cpu, qo_indptr_cpu, self.page_ids_gpu[:total], last_page_len_cpu,
+            self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim, 1,
+            causal=True, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype,
+            **mis_kwargs,
+        )
+        self._plan_copied = torch.cuda.Event()
+        self._plan_copied.record()
+        return keep
+
+    def _multi_item_params(self, sequences: list[PackedSequence]) -> tuple[dict, tuple]:
+        if all(s.prefix_len == s.num_tokens for s in sequences):
+            return {}, ()  # only plain sequences: the causal mask is enough
+        stride = max(len(s.token_pos_in_items) for s in sequences)
+        token_pos: list[int] = []
+        for s in sequences:
+            if s.max_item_len > MAX_ITEM_POS:
+                raise ValueError(f"an item of {s.max_item_len} tokens exceeds {MAX_ITEM_POS}")
+            token_pos.extend(s.token_pos_in_items)
+            token_pos.extend([0] * (stride - len(s.token_pos_in_items)))
+        # Fresh pinned tensors each batch, copied without waiting; the kernel reads them on the
+        # GPU, so they stay referenced (Step.keep_alive) until the batch finished.
+        host = (
+            torch.tensor([s.prefix_len for s in sequences], dtype=torch.int64).to(torch.uint32),
+            torch.tensor(token_pos, dtype=torch.int32).to(torch.uint16),
+            torch.tensor([s.max_item_len for s in sequences], dtype=torch.int32).to(torch.uint16),
+        )
+        host = tuple(h.pin_memory() for h in host)
+        prefix_len_gpu, token_pos_gpu, max_item_len_gpu = (
+            h.to(self.device, non_blocking=True) for h in host)
+        kwargs = dict(prefix_len_ptr=prefix_len_gpu, token_pos_in_items_ptr=token_pos_gpu,
+                      token_pos_in_items_len=stride, max_item_len_ptr=max_item_len_gpu)
+        return kwargs, (*host, prefix_len_gpu, token_pos_gpu, max_item_len_gpu)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # K/V as [pages, page_size=1, heads, head_dim] views; the kernel needs one stride for
+        # both (CudaOps lays them out so; TorchOps' split views need a copy).
+        if k.stride() != v.stride():
+            k, v = k.contiguous(), v.contiguous()
+        # The kernel writes every output row (a row that may attend to nothing, a delimiter
+        # after an empty query, gets a finite value: a GPU test checks), so no zero fill.
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return self.wrapper.run(q, (k.unsqueeze(1), v.unsqueeze(1)), out=out)

@@ -1,0 +1,119 @@
+"""Element-wise ops of the decoder in two implementations with one interface.
+
+`TorchOps` follows HF's order of operations exactly (CPU, CI, and the GPU reference).
+`CudaOps` uses fused GPU kernels: FlashInfer's residual-add + RMSNorm and SiLU-and-mul, and our
+Triton kernel for q/k norm + RoPE + the K/V layout (gpu_worker/qkv_kernel.py); imported lazily.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gpu_worker.layers import rope_inv_freq
+from gpu_worker.model_config import ModelConfig
+
+
+class TorchOps:
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.inv_freq = rope_inv_freq(cfg)  # [head_dim // 2] fp32, CPU
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # fp32 statistics, cast back before the weight: HF's LlamaRMSNorm order.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x32.to(x.dtype)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        """(rms_norm(x + residual), x + residual)."""
+        residual = x + residual
+        return self.rms_norm(residual, weight, eps), residual
+
+    def start_residual(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # the model's dtype, as in HF
+
+    def prepare_qkv(self, qkv, positions, attn):
+        """The fused projection [T, (Hq + 2 Hk) D] → q [T, Hq, D], k, v [T, Hk, D]:
+        q/k RMSNorm (Qwen3), then RoPE at the packed positions."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        q = q.reshape(t, attn.num_heads, attn.head_dim)
+        k = k.reshape(t, attn.num_kv_heads, attn.head_dim)
+        v = v.reshape(t, attn.num_kv_heads, attn.head_dim)
+        if attn.q_norm is not None:
+            q = self.rms_norm(q, attn.q_norm.weight, attn.q_norm.eps)
+            k = self.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
+        q, k = self.rope(q, k, positions)
+        return q, k, v
+
+    def rope(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        """q [T, Hq, D], k [T, Hk, D]; rotate-half convention at the packed positions."""
+        inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(q.dtype)[:, None, :], emb.sin().to(q.dtype)[:, None, :]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def _rope_cache(cfg: ModelConfig, device) -> torch.Tensor:
+    """[max_positions, head_dim] fp32: cos of the half-frequencies, then sin."""
+    positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+    freqs = positions[:, None] * rope_inv_freq(cfg)[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class CudaOps:
+    def __init__(self, cfg: ModelConfig, device: torch.device, fp32_residual: bool = True) -> None:
+        import flashinfer  # noqa: F401 - fail early and clearly if it is missing
+
+        self.fp32_residual = fp32_residual
+        if cfg.head_dim & (cfg.head_dim - 1):
+            raise ValueError(f"head_dim {cfg.head_dim} is not a power of two")
+        self.head_dim = cfg.head_dim
+        self.cos_sin_cache = _rope_cache(cfg, device)
+
+    def rms_norm(self, x, weight, eps):
+        from flashinfer.norm import rmsnorm
+
+        shape = x.shape
+        return rmsnorm(x.reshape(-1, shape[-1]), weight, eps).view(shape)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        # Both in place: residual += x, then x = rms_norm(residual).
+        if residual.dtype == torch.float32 and x.dtype != torch.float32:
+            from gpu_worker.add_norm_kernel import add_rms_norm_fp32_residual
+
+            return add_rms_norm_fp32_residual(x, residual, weight, eps)
+        from flashinfer.norm import fused_add_rmsnorm
+
+        fused_add_rmsnorm(x, residual, weight, eps)
+        return x, residual
+
+    def start_residual(self, x: torch.Tensor) -> torch.Tensor:
+        # An fp32 residual stream is more exact for a few % of speed (gpu_worker/add_norm_kernel.py).
+        return x.float() if self.fp32_residual else x
+
+    def prepare_qkv(self, qkv, positions, attn):
+        from gpu_worker.qkv_kernel import qkv_prepare
+
+        has_norm = attn.q_norm is not None
+        return qkv_prepare(
+            qkv, positions, self.cos_sin_cache, attn.num_heads, attn.num_kv_heads,
+            attn.head_dim, attn.q_norm.weight if has_norm else None,
+            attn.k_norm.weight if has_norm else None,
+            attn.q_norm.eps if has_norm else 0.0,
+        )
+
+    def silu_and_mul(self, gate_up):
+        from flashinfer.activation import silu_and_mul
+
+        return silu_and_mul(gate_up)

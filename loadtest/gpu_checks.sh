@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repo root (see ../shared/device/README.md):
+#   source .device/install.sh && bash loadtest/gpu_checks.sh [tests|bench|all] [bench args...]
+# Makes the Qwen3-0.6B-shaped random model, runs tests/gpu, then the engine benchmark.
+# Logs and JSON go to $OUT (or loadtest/results).
+set -uo pipefail
+what=${1:-all}; shift || true
+out=${OUT:-loadtest/results}
+mkdir -p "$out"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} RAY_USAGE_STATS_ENABLED=0
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+python3 -c "import torch, flashinfer, transformers; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'transformers', transformers.__version__)"
+python3 scripts/make_random_model.py || exit 1
+status=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest tests/gpu -q -s -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
+  status=${PIPESTATUS[0]}
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 loadtest/bench_engine.py --out "$out/bench_engine.json" "$@" 2>&1 | tee "$out/bench_engine.log"
+fi
+exit $status

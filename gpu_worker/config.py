@@ -14,6 +14,7 @@ class WorkerConfig:
     dtype: str = "float32"
     max_batch_tokens: int = 8192  # tokens per forward, across sequences; 0 = from free GPU memory
     max_batch_sequences: int = 256
+    max_seq_tokens: int = 8192  # the longest sequence the ingress sends (runs alone if need be)
     overlap: bool = True  # launch batch N+1 before finishing batch N
     torch_threads: int = 0  # CPU only; 0 = one per core
     attention: str = "torch"  # "torch" (SDPA + explicit mask) or "flashinfer" (GPU)

@@ -36,17 +36,18 @@ def build_scheduler(cfg: WorkerConfig) -> Scheduler:
     engine = build_engine(cfg)
     budget = cfg.max_batch_tokens
     if engine.device.type == "cuda":
-        budget = warm_up(engine, budget)
+        budget = warm_up(engine, budget, cfg.max_seq_tokens)
     return Scheduler(engine, budget, cfg.max_batch_sequences, cfg.overlap)
 
 
-def warm_up(engine: Engine, max_batch_tokens: int) -> int:
+def warm_up(engine: Engine, max_batch_tokens: int, min_batch_tokens: int) -> int:
     """Run a multi-item probe batch: compiles every kernel before the replica reports ready,
     and measures activation memory per token. Returns the batch token budget:
 
         budget = MEMORY_FRACTION * free_memory_after_weights / peak_bytes_per_token
 
-    capped by `max_batch_tokens` when that is set (> 0).
+    capped by `max_batch_tokens` when that is set (> 0); it must hold `min_batch_tokens` (the
+    longest sequence the ingress may send).
     """
     items = [list(range(200, 380))] * (PROBE_TOKENS // 181 - 1)  # ~PROBE_TOKENS in all
     tasks = [ScoreTask(pack_multi_item(list(range(1, 121)), items, 0), [1, 2], lambda _: None)]
@@ -59,6 +60,10 @@ def warm_up(engine: Engine, max_batch_tokens: int) -> int:
     budget = int(MEMORY_FRACTION * (free + torch.cuda.memory_reserved() - base) / per_token)
     if max_batch_tokens > 0:
         budget = min(budget, max_batch_tokens)
+    if budget < min_batch_tokens:
+        # A sequence the ingress accepts always runs, alone if need be: it must fit in memory.
+        raise RuntimeError(f"GPU memory fits batches of {budget} tokens, fewer than "
+                           f"max_seq_tokens={min_batch_tokens}: lower max_seq_tokens")
     logger.info("warm-up done: %.0f activation bytes per token; batch budget %d tokens",
                 per_token, budget)
     return budget

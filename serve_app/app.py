@@ -80,6 +80,7 @@ def build_app(args: AppArgs) -> Application:
         dtype=args.dtype,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_sequences=args.max_batch_sequences,
+        max_seq_tokens=args.max_seq_tokens,
         overlap=args.overlap,
         torch_threads=args.torch_threads,
         attention=args.attention,

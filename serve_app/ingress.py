@@ -4,6 +4,7 @@
 
 import asyncio
 import logging
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -69,17 +70,24 @@ class ScoreIngress:
 
     @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
               responses={code: {"model": ErrorResponse} for code in (400, 413, 503)})
-    async def score(self, request: Request) -> ScoreResponse:
+    async def score(self, request: Request) -> JSONResponse:
         # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with
         # the field named, instead of FastAPI's 422 list.
+        started = time.perf_counter()
         body = parse_body(await request.body(), self.limits)
         parsed = check_request(body, self.limits, self.vocab_size)
+        parse_ms = (time.perf_counter() - started) * 1e3
         result = await score(parsed, self.tokenizer, self.limits, self._call_worker)
-        return ScoreResponse(
+        response = ScoreResponse(
             scores=result.scores,
             model=parsed.model or self.model_name,
             usage=Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
         )
+        # Server-Timing (a standard header) lets clients and load tests see where time went.
+        timing = {"parse": parse_ms, **result.timings_ms,
+                  "ingress": (time.perf_counter() - started) * 1e3}
+        header = ", ".join(f"{name};dur={ms:.2f}" for name, ms in timing.items())
+        return JSONResponse(response.model_dump(), headers={"Server-Timing": header})
 
     @app.get("/v1/models")
     async def models(self) -> dict:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from serve_app.packing import PackingError, ScoreJob, merge_results, pack_request
@@ -21,6 +22,7 @@ ScoreFn = Callable[[ScoreJob], Awaitable[list[list[list[float]]]]]
 class ScoreResult:
     scores: list[list[float]]
     prompt_tokens: int  # tokens sent to the model, delimiters included
+    timings_ms: dict[str, float] = field(default_factory=dict)  # prepare, worker
 
 
 def tokenize(req: ParsedRequest, tokenizer: TextTokenizer) -> tuple[list[int], list[list[int]]]:
@@ -34,6 +36,7 @@ def tokenize(req: ParsedRequest, tokenizer: TextTokenizer) -> tuple[list[int], l
 async def score(
     req: ParsedRequest, tokenizer: TextTokenizer, limits: Limits, call_scorer: ScoreFn
 ) -> ScoreResult:
+    started = time.perf_counter()
     query, items = tokenize(req, tokenizer)
     if not items:
         return ScoreResult([], 0)
@@ -45,10 +48,13 @@ async def score(
         )
     except PackingError as exc:
         raise ApiError(400, f"items[{exc.item_index}]: {exc}", f"items[{exc.item_index}]") from None
+    packed = time.perf_counter()
     results = await call_scorer(ScoreJob(sequences, req.label_ids))
+    scored = time.perf_counter()
     logprobs = merge_results(sequences, results, len(items))
     scores = [to_scores(row, req.apply_softmax) for row in logprobs]
-    return ScoreResult(scores, sum(s.num_tokens for s in sequences))
+    timings = {"prepare": (packed - started) * 1e3, "worker": (scored - packed) * 1e3}
+    return ScoreResult(scores, sum(s.num_tokens for s in sequences), timings)
 
 
 def to_scores(logprobs: list[float], apply_softmax: bool) -> list[float]:

@@ -27,6 +27,15 @@ def test_response_shape_usage_and_model(client):
     assert _score(client, query="q", items=["a"], model="my-ranker")["model"] == "my-ranker"
 
 
+def test_server_timing_header_breaks_down_the_ingress_time(client):
+    r = client.post("/v1/score", json={"query": "q", "items": ["a", "b"], "label_token_ids": LABELS})
+    parts = dict(p.strip().split(";dur=") for p in r.headers["server-timing"].split(","))
+    assert set(parts) == {"parse", "prepare", "worker", "ingress"}
+    ms = {k: float(v) for k, v in parts.items()}
+    assert all(v >= 0 for v in ms.values())
+    assert ms["parse"] + ms["prepare"] + ms["worker"] <= ms["ingress"] + 0.05  # rounding
+
+
 def test_apply_softmax_false_gives_full_vocab_probabilities(client):
     raw = _score(client, query="Is the sky blue?", items=["Yes.", "The sky"])["scores"]
     soft = _score(client, query="Is the sky blue?", items=["Yes.", "The sky"],

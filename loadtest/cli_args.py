@@ -1,0 +1,70 @@
+"""Command-line arguments of loadtest/loadgen.py (run, sweep, single)."""
+
+from __future__ import annotations
+
+import argparse
+
+from loadtest.workload import ARRIVALS
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    vals = [float(x) for x in text.split(",") if x.strip()]
+    if not vals or any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError("need a comma list of positive rates")
+    return vals
+
+
+def _common(p: argparse.ArgumentParser, *, query_len: int, items: int, item_len: int) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL")
+    p.add_argument("--out", help="JSON result path (default loadtest/results/loadgen_<cmd>.json)")
+    p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout, s")
+    p.add_argument("--seed", type=int, default=0, help="seeds token content and arrivals")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    w = p.add_argument_group("workload (random token ids, fresh per request)")
+    w.add_argument("--query-len", type=int, default=query_len, help="query tokens")
+    w.add_argument("--items", type=int, default=items, help="items per request")
+    w.add_argument("--item-len", type=int, default=item_len, help="tokens per item")
+    w.add_argument("--labels", type=_ints, default=[9454, 2753], help="label ids, comma list")
+    w.add_argument("--vocab", type=int, default=151643, help="token ids drawn from [0, vocab)")
+    w.add_argument("--apply-softmax", action="store_true", help="send apply_softmax: true")
+
+
+def _rate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--duration", type=float, default=30.0, help="measured seconds per rate")
+    p.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before it")
+    p.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="inter-arrival times")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.loadgen",
+        description="Open-loop load generator for POST /v1/score.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    big = dict(query_len=120, items=10, item_len=180)
+
+    run = sub.add_parser("run", help="one offered rate")
+    _common(run, **big)
+    _rate_args(run)
+    run.add_argument("--rate", type=float, required=True, help="offered requests/s")
+
+    sweep = sub.add_parser("sweep", help="several rates: best items/s under the P99 bound")
+    _common(sweep, **big)
+    _rate_args(sweep)
+    sweep.add_argument("--rates", type=_floats, help="comma list of req/s (else an auto ramp)")
+    sweep.add_argument("--start-rate", type=float, default=1.0, help="ramp: first req/s")
+    sweep.add_argument("--factor", type=float, default=2.0, help="ramp: rate multiplier")
+    sweep.add_argument("--max-rate", type=float, default=10000.0, help="ramp: stop above this")
+    sweep.add_argument("--bisect-steps", type=int, default=3, help="ramp: bisections at the end")
+    sweep.add_argument("--p99-ms", type=float, default=500.0, help="P99 latency bound, ms")
+    sweep.add_argument("--cooldown", type=float, default=2.0, help="idle seconds between rates")
+    sweep.add_argument("--plot", help="PNG path (default: the JSON path with .png)")
+
+    single = sub.add_parser("single", help="sequential requests on an idle service")
+    _common(single, query_len=0, items=10, item_len=300)
+    single.add_argument("--requests", type=int, default=200, help="measured requests")
+    single.add_argument("--warmup-requests", type=int, default=5, help="unmeasured, sent first")
+    return parser

@@ -1,0 +1,316 @@
+"""Open-loop load generator for POST /v1/score (library + CLI).
+
+  python -m loadtest.loadgen run    --rate 20 [--duration 30 --warmup 5 --arrival poisson]
+  python -m loadtest.loadgen sweep  --rates 5,10,20 | --start-rate 1 --factor 2 --bisect-steps 3
+                                    [--p99-ms 500 --plot out.png]
+  python -m loadtest.loadgen single [--requests 200 --items 10 --item-len 300 --query-len 0]
+
+Open loop: send times are drawn up front (Poisson or constant arrivals at the offered rate) and
+each request is sent at its time whatever the state of earlier ones; a response is never awaited
+before the next send. Requests of the warm-up period are sent but left out of the stats. Every
+body carries fresh random token ids (seeded), so no two requests are alike. Latency runs from the
+scheduled send time to the end of the response body; `send_lag_ms` shows how late the client
+itself was. Stats definitions: loadtest/stats.py::aggregate. JSON written by --out:
+  {"meta": {...}, "config": {...}, "workload": {...}, "result": point}               (run)
+  {..., "p99_bound_ms", "points": [point, ...], "best": point | null, "plot": path}  (sweep)
+  {..., "result": {"requests", "successes", "failed", "failures", "latency_ms"}}      (single)
+where a point is {"offered_rps", "offered_items_per_s", "scheduled_rps", "achieved_rps",
+"achieved_items_per_s", "window_s", "sent", "warmup_requests", "measured_requests", "successes",
+"failed", "failures": {"503" | "timeout" | "connection" | ...: count}, "latency_ms": {"p50",
+"p90", "p99", "max", "mean"}, "send_lag_ms": {...}} (+ "passed" in a sweep).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `loadtest` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aiohttp  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from loadtest.stats import OK, Outcome, aggregate, passes, pick_best, summarize_ms  # noqa: E402
+from loadtest.cli_args import build_parser  # noqa: E402
+from loadtest.workload import RequestFactory, Workload, arrival_offsets  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS = REPO_ROOT / "loadtest" / "results"
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True)
+class RateConfig:
+    """One offered rate: `warmup_s` of arrivals (not measured), then `duration_s` measured."""
+
+    rate: float
+    duration_s: float = 30.0
+    warmup_s: float = 5.0
+    arrival: str = "poisson"
+    timeout_s: float = 30.0
+    seed: int | str = 0
+
+
+def make_session() -> aiohttp.ClientSession:
+    """One shared session; no cap on concurrent connections (open loop)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
+async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, n_items: int,
+                   timeout_s: float) -> str:
+    """POST one body; returns "ok" or the failure kind (status code, "timeout", ...)."""
+    try:
+        async with session.post(url, data=body, headers=JSON_HEADERS,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            payload = await resp.read()
+            if resp.status != 200:
+                return str(resp.status)
+            doc = json.loads(payload)
+            scores = doc.get("scores") if isinstance(doc, dict) else None
+            return OK if isinstance(scores, list) and len(scores) == n_items else "bad_response"
+    except TimeoutError:  # before OSError: TimeoutError is one (and aiohttp's timeouts are too)
+        return "timeout"
+    except (aiohttp.ClientConnectionError, OSError):
+        return "connection"
+    except aiohttp.ClientError:
+        return "client_error"
+    except ValueError:  # undecodable JSON
+        return "bad_response"
+
+
+async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Workload,
+                   cfg: RateConfig, *, progress: bool = True) -> tuple[dict, list[Outcome]]:
+    """Offer `cfg.rate` requests/s open-loop; returns (stats point, every request's outcome)."""
+    url = base_url.rstrip("/") + "/v1/score"
+    offsets = arrival_offsets(cfg.arrival, cfg.rate, cfg.warmup_s + cfg.duration_s, cfg.seed)
+    factory = RequestFactory(workload, cfg.seed)
+    loop = asyncio.get_running_loop()
+    outcomes: list[Outcome] = []
+    failed = 0
+    bar = tqdm(total=len(offsets), desc=f"{cfg.rate:g} req/s", unit="req", disable=not progress,
+               leave=False, dynamic_ncols=True)
+
+    async def one(intended: float, body: bytes) -> None:
+        nonlocal failed
+        sent = loop.time() - t0
+        kind = await send_one(session, url, body, workload.items, cfg.timeout_s)
+        outcomes.append(Outcome(intended, sent, loop.time() - t0, kind))
+        failed += kind != OK
+        bar.update(1)
+        if kind != OK or len(outcomes) % 25 == 0:
+            bar.set_postfix(inflight=len(tasks), failed=failed, refresh=False)
+
+    tasks: set[asyncio.Task] = set()
+    body = factory.next_bytes() if offsets else b""
+    t0 = loop.time()
+    try:
+        for i, offset in enumerate(offsets):
+            await asyncio.sleep(max(0.0, t0 + offset - loop.time()))
+            task = asyncio.create_task(one(offset, body))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            await asyncio.sleep(0)  # let it start sending before the next body is made
+            if i + 1 < len(offsets):
+                body = factory.next_bytes()  # made while waiting for the next send time
+        await asyncio.gather(*tasks)
+    finally:
+        bar.close()
+    outcomes.sort(key=lambda o: o.intended)
+    point = aggregate(outcomes, warmup_s=cfg.warmup_s, duration_s=cfg.duration_s,
+                      items_per_request=workload.items, offered_rps=cfg.rate)
+    return point, outcomes
+
+
+async def run_sweep(session: aiohttp.ClientSession, base_url: str, workload: Workload,
+                    base: RateConfig, p99_bound_ms: float, *, rates: list[float] | None = None,
+                    start_rate: float = 1.0, factor: float = 2.0, max_rate: float = 10000.0,
+                    bisect_steps: int = 3, cooldown_s: float = 2.0, progress: bool = True,
+                    report=print) -> dict:
+    """Fixed `rates`, or a ramp: start_rate × factor^k until a point fails (P99 over the bound or
+    any failure) or max_rate is passed, then `bisect_steps` bisections between the last passing
+    and the first failing rate. Returns {"points": [...], "best": point | None}."""
+    points: list[dict] = []
+
+    async def measure(rate: float) -> bool:
+        if points and cooldown_s > 0:
+            await asyncio.sleep(cooldown_s)  # let the previous point's queue drain
+        cfg = RateConfig(rate, base.duration_s, base.warmup_s, base.arrival, base.timeout_s,
+                         f"{base.seed}:{len(points)}")
+        point, _ = await run_rate(session, base_url, workload, cfg, progress=progress)
+        point["passed"] = passes(point, p99_bound_ms)
+        points.append(point)
+        report(format_point(point))
+        return point["passed"]
+
+    if rates:
+        for rate in rates:
+            await measure(rate)
+    else:
+        good, bad, rate = None, None, start_rate
+        while rate <= max_rate:
+            if await measure(rate):
+                good, rate = rate, rate * factor
+            else:
+                bad = rate
+                break
+        if good is not None and bad is not None:
+            for _ in range(bisect_steps):
+                mid = (good + bad) / 2
+                if await measure(mid):
+                    good = mid
+                else:
+                    bad = mid
+    return {"points": points, "best": pick_best(points, p99_bound_ms)}
+
+
+async def run_single(session: aiohttp.ClientSession, base_url: str, workload: Workload, *,
+                     requests: int = 200, warmup_requests: int = 5, timeout_s: float = 30.0,
+                     seed: int | str = 0, progress: bool = True) -> dict:
+    """`requests` sequential requests (one at a time) after `warmup_requests` unmeasured ones."""
+    url = base_url.rstrip("/") + "/v1/score"
+    factory = RequestFactory(workload, seed)
+    latencies, failures = [], {}
+    for i in tqdm(range(warmup_requests + requests), desc="single", unit="req",
+                  disable=not progress, leave=False, dynamic_ncols=True):
+        body = factory.next_bytes()
+        start = time.perf_counter()
+        kind = await send_one(session, url, body, workload.items, timeout_s)
+        elapsed = time.perf_counter() - start
+        if i < warmup_requests:
+            continue
+        if kind == OK:
+            latencies.append(elapsed)
+        else:
+            failures[kind] = failures.get(kind, 0) + 1
+    return {"requests": requests, "warmup_requests": warmup_requests,
+            "successes": len(latencies), "failed": sum(failures.values()),
+            "failures": dict(sorted(failures.items())), "latency_ms": summarize_ms(latencies)}
+
+
+def format_point(p: dict) -> str:
+    lat = p["latency_ms"]
+    ms = " ".join(f"{k} {lat[k]:.1f}" if lat[k] is not None else f"{k} -"
+                  for k in ("p50", "p90", "p99", "max"))
+    return (f"offered {p['offered_rps']:.2f} req/s ({p['offered_items_per_s']:.1f} items/s) | "
+            f"achieved {p['achieved_rps']:.2f} req/s ({p['achieved_items_per_s']:.1f} items/s) | "
+            f"ok {p['successes']} failed {p['failed']} {p['failures'] or ''}| ms {ms}")
+
+
+async def _service_info(session: aiohttp.ClientSession, base_url: str) -> str | None:
+    """Fails fast when /health is not 200; returns the served model name if /v1/models says."""
+    base = base_url.rstrip("/")
+    try:
+        async with session.get(f"{base}/health", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            if r.status != 200:
+                raise SystemExit(f"{base}/health answered {r.status}: {await r.text()}")
+        async with session.get(f"{base}/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            return (await r.json())["data"][0]["id"] if r.status == 200 else None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise SystemExit(f"cannot reach {base}: {exc!r}") from None
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
+def _meta(args: argparse.Namespace, argv: list[str], model: str | None) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"tool": "loadtest/loadgen.py", "command": args.command, "argv": argv,
+            "base_url": args.url, "model": model, "host": platform.node(),
+            "python": platform.python_version(), "git_commit": commit,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    return Workload(args.query_len, args.items, args.item_len, tuple(args.labels), args.vocab,
+                    args.apply_softmax)
+
+
+async def _main(args: argparse.Namespace, argv: list[str]) -> dict:
+    workload = _workload(args)
+    progress = not args.no_progress
+    async with make_session() as session:
+        out = {"meta": _meta(args, argv, await _service_info(session, args.url)),
+               "workload": workload.describe()}
+        if args.command == "single":
+            out["config"] = {"requests": args.requests, "warmup_requests": args.warmup_requests,
+                             "timeout_s": args.timeout, "seed": args.seed}
+            res = await run_single(session, args.url, workload, requests=args.requests,
+                                   warmup_requests=args.warmup_requests, timeout_s=args.timeout,
+                                   seed=args.seed, progress=progress)
+            out["result"] = res
+            lat = res["latency_ms"]
+            print(f"single: {res['successes']}/{res['requests']} ok, failures {res['failures']} | "
+                  f"p50 {lat['p50']} p99 {lat['p99']} max {lat['max']} ms")
+            return out
+        cfg = RateConfig(getattr(args, "rate", 0.0), args.duration, args.warmup, args.arrival,
+                         args.timeout, args.seed)
+        out["config"] = asdict(cfg)
+        if args.command == "sweep":
+            del out["config"]["rate"]
+            out["config"].update(rates=args.rates, start_rate=args.start_rate,
+                                 factor=args.factor, max_rate=args.max_rate,
+                                 bisect_steps=args.bisect_steps, cooldown_s=args.cooldown)
+        if args.command == "run":
+            out["result"], _ = await run_rate(session, args.url, workload, cfg, progress=progress)
+            print(format_point(out["result"]))
+            return out
+        res = await run_sweep(session, args.url, workload, cfg, args.p99_ms, rates=args.rates,
+                              start_rate=args.start_rate, factor=args.factor,
+                              max_rate=args.max_rate, bisect_steps=args.bisect_steps,
+                              cooldown_s=args.cooldown, progress=progress,
+                              report=lambda line: tqdm.write(line))
+        out.update(p99_bound_ms=args.p99_ms, **res)
+        best = res["best"]
+        print(f"best with P99 <= {args.p99_ms:g} ms and 0 failures: " +
+              (format_point(best) if best else "none (lower the rates)"))
+        return out
+
+
+def _raise_open_files_limit() -> None:
+    """Open loop at high rates holds one socket per in-flight request."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """CLI entry; returns the JSON document it wrote (handy in-process, e.g. from tests)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    _raise_open_files_limit()
+    out = asyncio.run(_main(args, argv))
+    out_path = Path(args.out or RESULTS / f"loadgen_{args.command}.json")
+    if args.command == "sweep":
+        from loadtest.plot import plot_sweep
+
+        w = out["workload"]
+        png = Path(args.plot) if args.plot else out_path.with_suffix(".png")
+        title = (f"{out['meta']['model']}: query {w['query_len']} + {w['items']} items × "
+                 f"{w['item_len']} tokens, {args.arrival} arrivals, {args.duration:g} s/point")
+        out["plot"] = str(plot_sweep(out["points"], args.p99_ms, png, best=out["best"],
+                                     title=title))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {out_path}" + (f" and {out['plot']}" if "plot" in out else ""))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The open-loop load generator (loadtest/loadgen.py): its statistics and arrival schedules on
+hand-made numbers, then short runs against the real service (`serve run configs/score.yaml`)."""
+
+import json
+import math
+import statistics
+
+from loadtest import loadgen
+from loadtest.stats import Outcome, aggregate, passes, percentile, pick_best, summarize_ms
+from loadtest.workload import RequestFactory, Workload, arrival_offsets
+
+# SmolLM2-135M: vocabulary 49152, " Yes"/" No"-like labels; a tiny workload so CPU keeps up.
+SMOL = ["--vocab", "49152", "--labels", "10539,5230", "--query-len", "16", "--items", "3",
+        "--item-len", "8", "--no-progress"]
+POINT_FIELDS = {"offered_rps", "offered_items_per_s", "scheduled_rps", "achieved_rps",
+                "achieved_items_per_s", "window_s", "sent", "warmup_requests",
+                "measured_requests", "successes", "failed", "failures", "latency_ms",
+                "send_lag_ms"}
+LATENCY_FIELDS = {"p50", "p90", "p99", "max", "mean"}
+
+
+# ---- statistics on hand-made numbers ---------------------------------------------------------
+
+def test_percentile_is_nearest_rank():
+    values = list(range(100, 0, -1))  # 1..100, unsorted
+    assert [percentile(values, p) for p in (50, 90, 99, 100)] == [50, 90, 99, 100]
+    assert percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 51) == 3
+    assert percentile([7.5], 99) == 7.5
+    assert percentile([], 50) is None
+    assert summarize_ms([0.010, 0.040, 0.020, 0.030]) == {
+        "p50": 20.0, "p90": 40.0, "p99": 40.0, "max": 40.0, "mean": 25.0}
+    assert summarize_ms([]) == dict.fromkeys(LATENCY_FIELDS)
+
+
+def test_aggregate_window_failures_and_throughput():
+    # warm-up 1 s, window [1, 3), 10 items per request, offered 3 req/s
+    outcomes = [
+        Outcome(0.5, 0.5, 0.6, "ok"),        # warm-up, done before the window: nowhere
+        Outcome(0.9, 0.9, 1.2, "ok"),        # warm-up, done in the window: throughput only
+        Outcome(1.0, 1.002, 1.1, "ok"),      # 100 ms
+        Outcome(1.5, 1.5, 1.8, "ok"),        # 300 ms
+        Outcome(2.0, 2.0, 2.2, "503"),
+        Outcome(2.5, 2.5, 3.5, "timeout"),
+        Outcome(2.9, 2.9, 3.3, "ok"),        # 400 ms, done after the window: latency only
+    ]
+    p = aggregate(outcomes, warmup_s=1.0, duration_s=2.0, items_per_request=10, offered_rps=3.0)
+    assert set(p) == POINT_FIELDS
+    assert (p["offered_rps"], p["offered_items_per_s"]) == (3.0, 30.0)
+    assert (p["sent"], p["warmup_requests"], p["measured_requests"]) == (7, 2, 5)
+    assert p["scheduled_rps"] == 2.5
+    assert (p["successes"], p["failed"], p["failures"]) == (3, 2, {"503": 1, "timeout": 1})
+    assert p["latency_ms"] == {"p50": 300.0, "p90": 400.0, "p99": 400.0, "max": 400.0,
+                               "mean": 266.667}
+    assert p["send_lag_ms"]["max"] == 2.0
+    # completed successes in [1, 3): the ones done at 1.2, 1.1 and 1.8
+    assert (p["achieved_rps"], p["achieved_items_per_s"]) == (1.5, 15.0)
+    assert not passes(p, 10_000)  # failures disqualify
+
+
+def test_pick_best_respects_bound_and_failures():
+    def point(achieved, p99, failed=0, successes=10):
+        return {"achieved_items_per_s": achieved, "latency_ms": {"p99": p99},
+                "failed": failed, "successes": successes}
+
+    pts = [point(10, 100), point(20, 400), point(30, 600), point(40, 100, failed=1),
+           point(50, None, successes=0)]
+    assert pick_best(pts, 500) is pts[1]
+    assert pick_best(pts, 600) is pts[2]
+    assert pick_best(pts, 50) is None
+
+
+def test_poisson_schedule_mean_gap():
+    rate, horizon = 50.0, 400.0
+    offsets = arrival_offsets("poisson", rate, horizon, seed=1)
+    assert offsets == sorted(offsets) and 0 < offsets[0] and offsets[-1] < horizon
+    gaps = [b - a for a, b in zip([0.0] + offsets, offsets)]
+    assert len(gaps) > 19_000
+    assert math.isclose(statistics.fmean(gaps), 1 / rate, rel_tol=0.02)
+    assert math.isclose(statistics.pstdev(gaps), 1 / rate, rel_tol=0.05)  # exponential: sd=mean
+    assert arrival_offsets("poisson", rate, 10.0, seed=1) == [t for t in offsets if t < 10.0]
+    assert arrival_offsets("poisson", rate, 10.0, seed=2) != arrival_offsets("poisson", rate,
+                                                                             10.0, seed=1)
+
+
+def test_constant_schedule_exact():
+    assert arrival_offsets("constant", 4.0, 2.0) == [i / 4 for i in range(8)]
+    assert arrival_offsets("constant", 3.0, 1.0) == [0.0, 1 / 3, 2 / 3]
+    assert arrival_offsets("constant", 0.5, 5.0) == [0.0, 2.0, 4.0]
+
+
+def test_request_bodies_are_fresh_token_ids_in_range():
+    w = Workload(query_len=16, items=3, item_len=8, labels=(10539, 5230), vocab=49152)
+    bodies = [RequestFactory(w, seed=0).body()] + [RequestFactory(w, seed=0).body()]
+    assert bodies[0] == bodies[1]  # seeded
+    factory = RequestFactory(w, seed=0)
+    many = [factory.body() for _ in range(200)]
+    assert len({json.dumps(b) for b in many}) == 200
+    for b in many:
+        assert len(b["query"]) == 16 and len(b["items"]) == 3
+        assert all(len(item) == 8 for item in b["items"])
+        assert all(0 <= t < 49152 for t in b["query"] + sum(b["items"], []))
+        assert b["label_token_ids"] == [10539, 5230]
+
+
+# ---- short runs against the real service -----------------------------------------------------
+
+def test_run_smoke(server_url, tmp_path):
+    out = tmp_path / "run.json"
+    doc = loadgen.main(["run", "--url", server_url, "--rate", "3", "--duration", "3",
+                        "--warmup", "1", "--out", str(out), *SMOL])
+    assert json.loads(out.read_text()) == doc
+    assert doc["meta"]["model"] == "smollm2-135m-instruct"
+    assert doc["config"]["rate"] == 3.0 and doc["config"]["arrival"] == "poisson"
+    assert doc["workload"]["tokens_per_request"] == 16 + 3 * 8
+    r = doc["result"]
+    assert set(r) == POINT_FIELDS
+    assert r["measured_requests"] > 0 and r["sent"] == r["warmup_requests"] + r["measured_requests"]
+    assert r["failed"] == 0 and r["failures"] == {}
+    assert r["successes"] == r["measured_requests"]
+    lat = r["latency_ms"]
+    assert set(lat) == LATENCY_FIELDS
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+    assert r["achieved_rps"] > 0 and r["achieved_items_per_s"] == round(3 * r["achieved_rps"], 3)
+
+
+def test_sweep_smoke_writes_plot_and_best_respects_bound(server_url, tmp_path):
+    png, bound = tmp_path / "sweep.png", 20_000.0  # generous: 2 shared cores
+    doc = loadgen.main(["sweep", "--url", server_url, "--rates", "2,4", "--arrival", "constant",
+                        "--duration", "1.5", "--warmup", "0.5", "--cooldown", "0",
+                        "--p99-ms", str(bound), "--out", str(tmp_path / "sweep.json"),
+                        "--plot", str(png), *SMOL])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert doc["plot"] == str(png) and doc["p99_bound_ms"] == bound
+    assert [p["offered_rps"] for p in doc["points"]] == [2.0, 4.0]
+    assert [p["measured_requests"] for p in doc["points"]] == [3, 6]  # constant arrivals
+    best = doc["best"]
+    assert best is not None and best["failed"] == 0 and best["latency_ms"]["p99"] <= bound
+    passing = [p for p in doc["points"] if p["passed"]]
+    assert best["achieved_items_per_s"] == max(p["achieved_items_per_s"] for p in passing)
+
+
+def test_single_smoke(server_url, tmp_path):
+    doc = loadgen.main(["single", "--url", server_url, "--requests", "5", "--warmup-requests",
+                        "1", "--out", str(tmp_path / "single.json"), *SMOL])
+    r = doc["result"]
+    assert (r["requests"], r["successes"], r["failed"]) == (5, 5, 0)
+    assert 0 < r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] <= r["latency_ms"]["max"]

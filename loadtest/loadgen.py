@@ -297,17 +297,18 @@ def main(argv: list[str] | None = None) -> dict:
     _raise_open_files_limit()
     out = asyncio.run(_main(args, argv))
     out_path = Path(args.out or RESULTS / f"loadgen_{args.command}.json")
-    if args.command == "sweep":
-        from loadtest.plot import plot_sweep
-
-        w = out["workload"]
-        png = Path(args.plot) if args.plot else out_path.with_suffix(".png")
-        title = (f"{out['meta']['model']}: query {w['query_len']} + {w['items']} items × "
-                 f"{w['item_len']} tokens, {args.arrival} arrivals, {args.duration:g} s/point")
-        out["plot"] = str(plot_sweep(out["points"], args.p99_ms, png, best=out["best"],
-                                     title=title))
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    if args.command == "sweep":
+        out["plot"] = str(Path(args.plot) if args.plot else out_path.with_suffix(".png"))
+    # The JSON first: the plot can always be redrawn from it (python -m loadtest.plot JSON).
     out_path.write_text(json.dumps(out, indent=1) + "\n")
+    if args.command == "sweep":
+        try:
+            from loadtest.plot import plot_from_json
+
+            plot_from_json(out_path)
+        except ImportError as exc:  # e.g. a GPU host without matplotlib
+            print(f"no plot ({exc}); draw it later: python -m loadtest.plot {out_path}")
     print(f"wrote {out_path}" + (f" and {out['plot']}" if "plot" in out else ""))
     return out
 

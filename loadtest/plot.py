@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -49,3 +51,17 @@ def plot_sweep(points: Sequence[dict], p99_bound_ms: float, path: str | Path, *,
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_from_json(sweep_json: str | Path) -> Path:
+    """Draw the PNG named in a sweep JSON written by loadtest/loadgen.py."""
+    out = json.loads(Path(sweep_json).read_text())
+    w, c = out["workload"], out["config"]
+    title = (f"{out['meta']['model']}: query {w['query_len']} + {w['items']} items × "
+             f"{w['item_len']} tokens, {c['arrival']} arrivals, {c['duration_s']:g} s/point")
+    return plot_sweep(out["points"], out["p99_bound_ms"], out["plot"], best=out["best"],
+                      title=title)
+
+
+if __name__ == "__main__":
+    print(plot_from_json(sys.argv[1]))

@@ -7,12 +7,18 @@
 # 180 tokens); writes JSON to $OUT (or loadtest/results) and a summary e2e_gpu.json.
 set -uo pipefail
 rates=${1:-60,100,140,180,220,260}
+config=${CONFIG:-configs/score-gpu.yaml}
 out=${OUT:-loadtest/results}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1
+stop_service() {  # SIGINT is ignored by a background job: stop Serve and its Ray explicitly
+  pkill -TERM -f "serve.scripts" 2>/dev/null
+  python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
+}
+stop_service  # a service left by an earlier run on this machine would answer in our place
 python3 scripts/make_random_model.py > /dev/null || exit 1
-python3 -m serve_app.check_config configs/score-gpu.yaml || exit 1
-(setsid python3 -c "from ray.serve.scripts import cli; cli()" run configs/score-gpu.yaml \
+python3 -m serve_app.check_config "$config" || exit 1
+(setsid python3 -c "from ray.serve.scripts import cli; cli()" run "$config" \
   > "$out/serve.log" 2>&1 &)
 started=$(date +%s)
 until curl -sf -m 2 127.0.0.1:8000/health > /dev/null; do
@@ -26,9 +32,9 @@ python3 -m loadtest.loadgen single --requests 200 --no-progress --out "$out/sing
 python3 loadtest/timing_probe.py --requests 100 --out "$out/timing_idle.json"
 python3 -m loadtest.loadgen sweep --rates "$rates" --duration 15 --warmup 3 --p99-ms 500 \
   --no-progress --out "$out/sweep.json" --plot "$out/sweep.png"
-python3 - "$out" "$rates" <<'PY'
+python3 - "$out" "$rates" "$config" <<'PY'
 import json, sys, torch
-out, rates = sys.argv[1], sys.argv[2]
+out, rates, config = sys.argv[1:4]
 single = json.load(open(f"{out}/single.json"))["result"]["latency_ms"]
 sweep = json.load(open(f"{out}/sweep.json"))
 best = sweep["best"]
@@ -37,9 +43,9 @@ summary = {
     "best_point": best,
     "idle_p50_ms": single["p50"], "idle_p99_ms": single["p99"],
     "gpu": torch.cuda.get_device_name(),
-    "command": f"source .device/install.sh && bash loadtest/run_e2e_gpu.sh {rates}",
+    "command": f"source .device/install.sh && CONFIG={config} bash loadtest/run_e2e_gpu.sh {rates}",
 }
 json.dump(summary, open(f"{out}/e2e_gpu.json", "w"), indent=2)
 print(json.dumps(summary))
 PY
-pkill -INT -f "serve.scripts"; sleep 5
+stop_service

@@ -32,6 +32,8 @@ class ScoreTask:
     sequence: PackedSequence
     label_ids: list[int]
     on_done: DoneCallback
+    # True once nobody waits for the result (the caller went away): the loop drops the task.
+    cancelled: Callable[[], bool] = lambda: False
 
     @property
     def num_tokens(self) -> int:

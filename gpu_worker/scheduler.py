@@ -46,6 +46,7 @@ class Scheduler:
         self._queued = [0, 0]  # tokens, sequences submitted and not yet launched
         self._inflight = [0, 0]  # tokens, sequences launched and not yet finished
         self.batches_run = 0
+        self.cancelled_dropped = 0  # tasks skipped because their caller went away
 
     def submit(self, task: ScoreTask) -> None:
         """Thread-safe. The task's on_done runs on the loop thread."""
@@ -101,6 +102,13 @@ class Scheduler:
         tokens = 0
         while self._waiting and len(batch) < self.max_batch_sequences:
             task = self._waiting[0]
+            if task.cancelled():  # its caller disconnected or timed out: never computed
+                self._waiting.popleft()
+                with self._lock:
+                    self._queued[0] -= task.num_tokens
+                    self._queued[1] -= 1
+                self.cancelled_dropped += 1
+                continue
             # A task bigger than the whole budget still runs, alone.
             if batch and tokens + task.num_tokens > self.max_batch_tokens:
                 break

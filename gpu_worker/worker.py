@@ -75,7 +75,9 @@ async def score_job(scheduler: Scheduler, job: ScoreJob) -> list[list[list[float
     futures = []
     for seq in job.sequences:
         fut = loop.create_future()
-        scheduler.submit(ScoreTask(seq, job.label_ids, _resolver(loop, fut)))
+        # NOTE: if the request is cancelled (client gone, timeout), gather cancels these
+        # futures; the loop thread reads fut.cancelled() and drops the task unscored.
+        scheduler.submit(ScoreTask(seq, job.label_ids, _resolver(loop, fut), fut.cancelled))
         futures.append(fut)
     return list(await asyncio.gather(*futures))
 

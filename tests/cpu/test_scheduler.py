@@ -155,3 +155,24 @@ def test_failed_launch_fails_only_its_batch(engine, sequences):
         assert scheduler.alive
     finally:
         scheduler.stop()
+
+
+def test_cancelled_task_is_dropped_unscored(engine, sequences):
+    spy = SpyEngine(engine)
+    scheduler = Scheduler(spy, max_batch_tokens=10_000, max_batch_sequences=64)
+    collector = Collector()
+    gone = threading.Event()
+    gone.set()  # the caller of task 1 went away before the loop reached it
+    for i, seq in enumerate(sequences[:3]):
+        cancelled = gone.is_set if i == 1 else (lambda: False)
+        scheduler.submit(ScoreTask(seq, LABELS, collector.callback(i), cancelled))
+    scheduler.start()
+    try:
+        results = collector.wait(2)
+        assert set(results) == {0, 2}
+        assert [id(sequences[1]) in batch for batch in spy.batches] == [False] * len(spy.batches)
+        assert scheduler.cancelled_dropped == 1
+        assert scheduler.depth() == IDLE
+        assert collector.done.empty()  # no callback for the dropped task
+    finally:
+        scheduler.stop()

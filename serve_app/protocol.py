@@ -75,5 +75,12 @@ class ApiError(Exception):
             422: "UnprocessableEntityError",
             503: "ServiceUnavailableError",
         }.get(self.status, "InternalServerError" if self.status >= 500 else "BadRequestError")
-        return {"error": {"message": self.message, "type": kind, "param": self.param,
+        return {"error": {"message": _utf8_safe(self.message), "type": kind,
+                          "param": None if self.param is None else _utf8_safe(self.param),
                           "code": self.status}}
+
+
+def _utf8_safe(text: str) -> str:
+    # Errors can quote the request (a duplicated key), and a JSON escape can spell a lone
+    # surrogate ("\ud800") that the UTF-8 response cannot encode (a 500): write it escaped.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

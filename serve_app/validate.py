@@ -41,7 +41,7 @@ def parse_body(body: bytes, limits: Limits) -> ScoreRequest:
     if len(body) > limits.max_body_bytes:
         raise ApiError(413, f"request body is larger than {limits.max_body_bytes} bytes", "body")
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        data = json.loads(body, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "body") from None
     if not isinstance(data, dict):
@@ -54,6 +54,19 @@ def parse_body(body: bytes, limits: Limits) -> ScoreRequest:
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    # json.loads silently keeps the last of two equal keys, other parsers the first: a body
+    # with two "items" is ambiguous, so it is refused (in any object, not only the top one).
+    data = dict(pairs)
+    if len(data) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ApiError(400, f"duplicate key {key!r} in the request body", key)
+            seen.add(key)
+    return data
 
 
 def _describe(exc: ValidationError) -> ApiError:
@@ -99,12 +112,28 @@ def check_request(req: ScoreRequest, limits: Limits, vocab_size: int) -> ParsedR
     is_text = isinstance(query, str)
     if items and items_are_text != is_text:
         raise ApiError(400, "query and items must both be text or both be token ids", "items")
-    if not is_text:
+    if is_text:
+        _check_text(query, "query")
+        for k, item in enumerate(items):
+            _check_text(item, f"items[{k}]")
+    else:
         _check_token_ids(query, "query", vocab_size)
         for k, item in enumerate(items):
             _check_token_ids(item, f"items[{k}]", vocab_size)
+    if req.model is not None:
+        _check_text(req.model, "model")  # echoed back in the response
     return ParsedRequest(is_text, query, items, list(labels), req.apply_softmax,
                          req.item_first, req.model)
+
+
+def _check_text(text: str, param: str) -> None:
+    # A JSON escape can spell a lone surrogate ("\ud800"), which is not Unicode text: the
+    # tokenizer raises TypeError on it and UTF-8 cannot encode it in a response (both a 500).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"{param} has a lone surrogate (U+{ord(text[exc.start]):04X}) at "
+                       f"character {exc.start}: not valid Unicode text", param) from None
 
 
 def _check_token_ids(ids: list[int], param: str, vocab_size: int) -> None:

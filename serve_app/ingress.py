@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from serve_app.packing import ScoreJob
@@ -42,7 +43,7 @@ DEFAULT_OPTIONS = {
 
 @app.exception_handler(ApiError)
 async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.envelope(), status_code=exc.status)
+    return JSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers)
 
 
 @app.exception_handler(StarletteHTTPException)
@@ -104,4 +105,12 @@ class ScoreIngress:
         return {"status": "ok", "model": self.model_name}
 
     async def _call_worker(self, job: ScoreJob) -> list[list[list[float]]]:
-        return await self.worker.score.remote(job)
+        # Failures of the scorer reach the client in the same envelope as every other error.
+        try:
+            return await self.worker.score.remote(job)
+        except BackPressureError as exc:
+            raise ApiError(503, "the scorer replicas are at capacity; retry later",
+                           headers={"Retry-After": str(round(exc.retry_after_s or 1))}) from None
+        except Exception as exc:  # noqa: BLE001 - anything else is the server's fault
+            logger.exception("scoring failed")
+            raise ApiError(500, f"scoring failed: {type(exc).__name__}") from None

@@ -61,11 +61,13 @@ class ErrorResponse(BaseModel):
 class ApiError(Exception):
     """A client-visible error: HTTP status, message and the request field it concerns."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.headers = headers
 
     def envelope(self) -> dict:
         kind = {

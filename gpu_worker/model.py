@@ -4,7 +4,7 @@ Parameter names are HF's, except the two packed projections that every serving e
 `qkv_proj` (q, k, v stacked) and `gate_up_proj` (gate, up stacked); the loader stacks them from
 the checkpoint (`PACKED_MODULES`). The model returns final hidden states only at the score rows;
 `label_logprobs` turns them into label log-probabilities. Element-wise ops come from `ops`
-(TorchOps or FlashInferOps) and attention from a backend that knows the packed layout.
+(TorchOps or CudaOps, gpu_worker/ops.py) and attention from a backend that knows the packed layout.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Element-wise ops of the decoder in two implementations with one interface.
 
 `TorchOps` follows HF's order of operations exactly (CPU, CI, and the GPU reference).
-`CudaOps` uses fused GPU kernels: FlashInfer's residual-add + RMSNorm and SiLU-and-mul, and our
-Triton kernel for q/k norm + RoPE + the K/V layout (gpu_worker/qkv_kernel.py); imported lazily.
+`CudaOps` uses fused GPU kernels, imported lazily: our Triton kernels for residual-add + RMSNorm
+with an fp32 residual (gpu_worker/add_norm_kernel.py; FlashInfer's when the residual is bf16) and
+for q/k norm + RoPE in place (gpu_worker/qkv_kernel.py), and FlashInfer's RMSNorm and SiLU-and-mul.
 """
 
 from __future__ import annotations
@@ -76,9 +77,8 @@ class CudaOps:
         import flashinfer  # noqa: F401 - fail early and clearly if it is missing
 
         self.fp32_residual = fp32_residual
-        if cfg.head_dim & (cfg.head_dim - 1):
+        if cfg.head_dim & (cfg.head_dim - 1):  # the Triton kernel's tile is head_dim wide
             raise ValueError(f"head_dim {cfg.head_dim} is not a power of two")
-        self.head_dim = cfg.head_dim
         self.cos_sin_cache = _rope_cache(cfg, device)
 
     def rms_norm(self, x, weight, eps):

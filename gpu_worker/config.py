@@ -16,6 +16,7 @@ class WorkerConfig:
     max_batch_sequences: int = 256
     max_seq_tokens: int = 8192  # the longest sequence the ingress sends (runs alone if need be)
     overlap: bool = True  # launch batch N+1 before finishing batch N
+    max_queued_tokens: int = 0  # admission: refuse requests beyond this many waiting; 0 = no limit
     torch_threads: int = 0  # CPU only; 0 = one per core
     attention: str = "torch"  # "torch" (SDPA + explicit mask) or "flashinfer" (GPU)
     ops: str = "torch"  # element-wise kernels: "torch" or "cuda" (FlashInfer + Triton, GPU)
@@ -29,6 +30,8 @@ class WorkerConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
         if self.max_batch_tokens < 0 or self.max_batch_sequences < 1:
             raise ValueError("max_batch_tokens must be >= 0 and max_batch_sequences positive")
+        if self.max_queued_tokens < 0:
+            raise ValueError("max_queued_tokens must be >= 0")
         if self.max_batch_tokens == 0 and self.device != "cuda":
             raise ValueError("max_batch_tokens = 0 (from free memory) needs device 'cuda'")
         for name, fast in (("attention", "flashinfer"), ("ops", "cuda")):

@@ -7,6 +7,8 @@ import logging
 from ray import serve
 
 from gpu_worker.config import WorkerConfig
+from gpu_worker.errors import ScorerOverloaded
+from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.worker import build_scheduler, score_job
 from serve_app.packing import ScoreJob
 
@@ -18,6 +20,8 @@ DEFAULT_OPTIONS = {
     "max_ongoing_requests": 1024,
     "ray_actor_options": {"num_cpus": 1, "num_gpus": 0},
     "health_check_period_s": 5,
+    # A replica being removed first finishes what it accepted (Serve stops routing to it).
+    "graceful_shutdown_timeout_s": 120,
 }
 
 
@@ -27,10 +31,25 @@ class ScoreWorker:
         self.cfg = cfg
         self.scheduler = build_scheduler(cfg)
         self.scheduler.start()
+        self.metrics = WorkerMetrics(self.scheduler)
         logger.info("ScoreWorker ready: %s", cfg)
 
     async def score(self, job: ScoreJob) -> list[list[list[float]]]:
-        return await score_job(self.scheduler, job)
+        try:
+            return await score_job(self.scheduler, job, self.cfg.max_queued_tokens)
+        except ScorerOverloaded:
+            self.metrics.rejected.inc()
+            raise
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        # Read by the queue-depth autoscaling policy (serve_app/autoscaling_policy.py).
+        depth = self.scheduler.depth()
+        return {
+            "queued_tokens": depth.queued_tokens,
+            "inflight_tokens": depth.inflight_tokens,
+            "queued_sequences": depth.queued_sequences,
+            "inflight_sequences": depth.inflight_sequences,
+        }
 
     def ping(self) -> bool:
         self.check_health()
@@ -41,6 +60,7 @@ class ScoreWorker:
             raise RuntimeError("the scheduling loop thread died")
 
     def __del__(self) -> None:
-        scheduler = getattr(self, "scheduler", None)
-        if scheduler is not None:
-            scheduler.stop()
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.stop()
+        if getattr(self, "scheduler", None) is not None:
+            self.scheduler.stop()

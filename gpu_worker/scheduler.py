@@ -11,6 +11,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from gpu_worker.engine import Engine, ScoreTask, Step
@@ -24,6 +25,17 @@ class QueueDepth:
     queued_sequences: int
     inflight_tokens: int
     inflight_sequences: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """One finished (or failed) batch, for metrics."""
+
+    tokens: int
+    sequences: int
+    items: int
+    seconds: float  # launch to results on the host (includes waiting behind the previous batch)
+    error: str | None  # exception type name when the batch failed
 
 
 class Scheduler:
@@ -47,6 +59,8 @@ class Scheduler:
         self._inflight = [0, 0]  # tokens, sequences launched and not yet finished
         self.batches_run = 0
         self.cancelled_dropped = 0  # tasks skipped because their caller went away
+        # Finished batches for a metrics reader to drain; bounded so nobody reading costs nothing.
+        self.batch_log: collections.deque[BatchRecord] = collections.deque(maxlen=4096)
 
     def submit(self, task: ScoreTask) -> None:
         """Thread-safe. The task's on_done runs on the loop thread."""
@@ -71,21 +85,21 @@ class Scheduler:
             return QueueDepth(*self._queued, *self._inflight)
 
     def _run(self) -> None:
-        inflight: Step | None = None
+        inflight: tuple[Step, float] | None = None  # a launched batch and its launch time
         while not self._stop.is_set():
             self._admit(block=inflight is None and not self._waiting)
-            step = None
+            launched = None
             batch = self._pick()
             if batch:
-                step = self._launch(batch)
-                if step is not None and not self.overlap:
-                    self._finish(step)
-                    step = None
+                launched = self._launch(batch)
+                if launched is not None and not self.overlap:
+                    self._finish(*launched)
+                    launched = None
             if inflight is not None:
-                self._finish(inflight)
-            inflight = step
+                self._finish(*inflight)
+            inflight = launched
         if inflight is not None:
-            self._finish(inflight)
+            self._finish(*inflight)
         self._fail_all_waiting(RuntimeError("the scorer replica is shutting down"))
 
     def _admit(self, block: bool) -> None:
@@ -122,23 +136,36 @@ class Scheduler:
                 self._inflight[1] += len(batch)
         return batch
 
-    def _launch(self, batch: list[ScoreTask]) -> Step | None:
+    def _launch(self, batch: list[ScoreTask]) -> tuple[Step, float] | None:
+        started = time.perf_counter()
         try:
-            return self.engine.launch(batch)
+            return self.engine.launch(batch), started
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop
             logger.exception("launching a batch of %d sequences failed", len(batch))
+            self._record(batch, started, exc)
             self._settle(batch, exc)
             return None
 
-    def _finish(self, step: Step) -> None:
+    def _finish(self, step: Step, started: float) -> None:
         try:
             results = self.engine.finish(step)
         except Exception as exc:  # noqa: BLE001
             logger.exception("finishing a batch of %d sequences failed", len(step.tasks))
+            self._record(step.tasks, started, exc)
             self._settle(step.tasks, exc)
             return
         self.batches_run += 1
+        self._record(step.tasks, started, None)
         self._settle(step.tasks, results)
+
+    def _record(self, tasks: list[ScoreTask], started: float, exc: Exception | None) -> None:
+        self.batch_log.append(BatchRecord(
+            tokens=sum(t.num_tokens for t in tasks),
+            sequences=len(tasks),
+            items=sum(t.sequence.num_items for t in tasks),
+            seconds=time.perf_counter() - started,
+            error=None if exc is None else type(exc).__name__,
+        ))
 
     def _settle(self, tasks: list[ScoreTask], outcome: list | BaseException) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ import torch
 
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import DoneCallback, Engine, ScoreTask
+from gpu_worker.errors import ScorerOverloaded
 from gpu_worker.loader import load_model
 from gpu_worker.scheduler import Scheduler
 from serve_app.packing import ScoreJob, pack_multi_item
@@ -69,8 +70,19 @@ def warm_up(engine: Engine, max_batch_tokens: int, min_batch_tokens: int) -> int
     return budget
 
 
-async def score_job(scheduler: Scheduler, job: ScoreJob) -> list[list[list[float]]]:
-    """Submit every sequence of a job and wait for all: per sequence, items × label log-probs."""
+async def score_job(
+    scheduler: Scheduler, job: ScoreJob, max_queued_tokens: int = 0
+) -> list[list[list[float]]]:
+    """Submit every sequence of a job and wait for all: per sequence, items × label log-probs.
+
+    Admission: with `max_queued_tokens` > 0 a job that would push the tokens waiting past it
+    raises ScorerOverloaded (nothing is queued). A job always gets in when nothing waits, so a
+    request larger than the limit is slow, never refused forever.
+    """
+    queued = scheduler.depth().queued_tokens
+    tokens = sum(seq.num_tokens for seq in job.sequences)
+    if max_queued_tokens > 0 and queued > 0 and queued + tokens > max_queued_tokens:
+        raise ScorerOverloaded(queued, max_queued_tokens)
     loop = asyncio.get_running_loop()
     futures = []
     for seq in job.sequences:

@@ -4,7 +4,7 @@ Usage: python loadtest/timing_probe.py [--url http://127.0.0.1:8000] [--requests
        [--query-len 0 --items 10 --item-len 300 --vocab 151643 --labels 9454,2753]
 
 Sends sequential requests (random token ids, seeded) and reports p50/p99 of: the client's
-latency, the ingress's total, and its parts (parse + validation, prepare = tokenize + pack,
+latency, the ingress's total, and its parts (parse + validation, tokenize, pack,
 worker = handle hop + queue + forward). client − ingress = HTTP proxy and the network.
 Prints one line; writes JSON to --out.
 """

@@ -33,6 +33,7 @@ class AppArgs(BaseModel):
     max_batch_tokens: int = Field(8192, ge=0, description="0: derived from free GPU memory")
     max_batch_sequences: int = Field(256, gt=0)
     overlap: bool = True
+    max_queued_tokens: int = Field(0, ge=0, description="per replica; beyond → 503; 0 = no limit")
     torch_threads: int = Field(0, ge=0)
     attention: Literal["torch", "flashinfer"] = "torch"
     ops: Literal["torch", "cuda"] = "torch"
@@ -82,6 +83,7 @@ def build_app(args: AppArgs) -> Application:
         max_batch_sequences=args.max_batch_sequences,
         max_seq_tokens=args.max_seq_tokens,
         overlap=args.overlap,
+        max_queued_tokens=args.max_queued_tokens,
         torch_threads=args.torch_threads,
         attention=args.attention,
         ops=args.ops,

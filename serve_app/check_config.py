@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from serve_app.app import AppArgs
+from serve_app.autoscaling_policy import QueueDepthPolicy
 
 
 class _Strict(BaseModel):
@@ -22,8 +23,20 @@ class _Strict(BaseModel):
 
 
 class Policy(_Strict):
-    policy_function: str
+    policy_function: Literal["serve_app.autoscaling_policy:QueueDepthPolicy"]
     policy_kwargs: dict = {}
+
+    @model_validator(mode="after")
+    def _kwargs_fit(self) -> "Policy":
+        try:  # a wrong or missing kwarg fails here, not on the controller later
+            QueueDepthPolicy(**self.policy_kwargs)
+        except TypeError as exc:
+            raise ValueError(f"policy_kwargs: {exc}") from None
+        return self
+
+
+class RuntimeEnv(_Strict):
+    env_vars: dict[str, str] = {}
 
 
 class Autoscaling(_Strict):
@@ -64,7 +77,7 @@ class Application(_Strict):
     name: str
     route_prefix: str | None = "/"
     import_path: Literal["serve_app.app:build_app"]
-    runtime_env: dict | None = None
+    runtime_env: RuntimeEnv | None = None
     args: AppArgs
     deployments: list[Deployment] = []
 

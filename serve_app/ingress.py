@@ -10,9 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
+from gpu_worker.errors import ScorerOverloaded
+from serve_app.metrics import IngressMetrics
 from serve_app.packing import ScoreJob
 from serve_app.protocol import ApiError, ErrorResponse, ScoreRequest, ScoreResponse, Usage
 from serve_app.scoring import score
@@ -34,6 +37,7 @@ _SCORE_OPENAPI = {
 }
 
 HEALTH_TIMEOUT_S = 5.0
+REPLICA_LOST_RETRIES = 1  # a job whose replica died is sent again once
 
 DEFAULT_OPTIONS = {
     "max_ongoing_requests": 256,
@@ -52,6 +56,13 @@ async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     return await _api_error(_, ApiError(exc.status_code, str(exc.detail)))
 
 
+def _at_capacity(retry_after_s: float | None) -> ApiError:
+    return ApiError(503, "the scorer replicas are at capacity; retry later",
+                    headers={"Retry-After": str(max(1, round(retry_after_s or 1)))})
+
+
+# NOTE: helpers the class uses are defined above it: serve.ingress pickles a copy of the app
+# and its route functions when it decorates the class, so their globals must exist by then.
 @serve.deployment(**DEFAULT_OPTIONS)
 @serve.ingress(app)
 class ScoreIngress:
@@ -68,17 +79,38 @@ class ScoreIngress:
         self.model_name = served_model_name
         self.vocab_size = vocab_size
         self.limits = limits
+        self.metrics = IngressMetrics()
 
     @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
               responses={code: {"model": ErrorResponse} for code in (400, 413, 503)})
     async def score(self, request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await self._score(request, started)
+            status = response.status_code
+            return response
+        except ApiError as exc:
+            status = exc.status
+            self.metrics.errors.inc(tags={"error_type": exc.kind, "status": str(status)})
+            raise
+        except asyncio.CancelledError:
+            status = 499  # the client went away or its timeout passed
+            self.metrics.errors.inc(tags={"error_type": "Cancelled", "status": "499"})
+            raise
+        finally:
+            self.metrics.latency_ms.observe((time.perf_counter() - started) * 1e3,
+                                            tags={"status": str(status)})
+
+    async def _score(self, request: Request, started: float) -> JSONResponse:
         # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with
         # the field named, instead of FastAPI's 422 list.
-        started = time.perf_counter()
         body = parse_body(await request.body(), self.limits)
         parsed = check_request(body, self.limits, self.vocab_size)
         parse_ms = (time.perf_counter() - started) * 1e3
         result = await score(parsed, self.tokenizer, self.limits, self._call_worker)
+        if parsed.is_text:
+            self.metrics.tokenize_ms.observe(result.timings_ms.get("tokenize", 0.0))
         response = ScoreResponse(
             scores=result.scores,
             model=parsed.model or self.model_name,
@@ -106,11 +138,24 @@ class ScoreIngress:
 
     async def _call_worker(self, job: ScoreJob) -> list[list[list[float]]]:
         # Failures of the scorer reach the client in the same envelope as every other error.
-        try:
-            return await self.worker.score.remote(job)
-        except BackPressureError as exc:
-            raise ApiError(503, "the scorer replicas are at capacity; retry later",
-                           headers={"Retry-After": str(round(exc.retry_after_s or 1))}) from None
-        except Exception as exc:  # noqa: BLE001 - anything else is the server's fault
-            logger.exception("scoring failed")
-            raise ApiError(500, f"scoring failed: {type(exc).__name__}") from None
+        for attempt in range(1 + REPLICA_LOST_RETRIES):
+            try:
+                return await self.worker.score.remote(job)
+            except ScorerOverloaded as exc:
+                raise _at_capacity(exc.retry_after_s) from None
+            except BackPressureError as exc:
+                raise _at_capacity(exc.retry_after_s) from None
+            except RayActorError as exc:
+                # The replica died or became unreachable with our job. Scoring is idempotent,
+                # so the job is sent again; the router picks a live replica.
+                if attempt == REPLICA_LOST_RETRIES:
+                    raise ApiError(503, f"the scorer replica was lost: {type(exc).__name__}; "
+                                   "retry later", headers={"Retry-After": "1"}) from None
+                logger.warning("scorer replica lost (%s); sending the job again",
+                               type(exc).__name__)
+                self.metrics.retries.inc()
+            except Exception as exc:  # noqa: BLE001 - anything else is the server's fault
+                logger.exception("scoring failed")
+                raise ApiError(500, f"scoring failed: {type(exc).__name__}") from None
+        raise AssertionError("unreachable")
+

@@ -69,15 +69,18 @@ class ApiError(Exception):
         self.param = param
         self.headers = headers
 
-    def envelope(self) -> dict:
-        kind = {
+    @property
+    def kind(self) -> str:
+        return {
             400: "BadRequestError",
             404: "NotFoundError",
             413: "RequestTooLargeError",
             422: "UnprocessableEntityError",
             503: "ServiceUnavailableError",
         }.get(self.status, "InternalServerError" if self.status >= 500 else "BadRequestError")
-        return {"error": {"message": _utf8_safe(self.message), "type": kind,
+
+    def envelope(self) -> dict:
+        return {"error": {"message": _utf8_safe(self.message), "type": self.kind,
                           "param": None if self.param is None else _utf8_safe(self.param),
                           "code": self.status}}
 

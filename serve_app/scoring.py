@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ ScoreFn = Callable[[ScoreJob], Awaitable[list[list[list[float]]]]]
 class ScoreResult:
     scores: list[list[float]]
     prompt_tokens: int  # tokens sent to the model, delimiters included
-    timings_ms: dict[str, float] = field(default_factory=dict)  # prepare, worker
+    timings_ms: dict[str, float] = field(default_factory=dict)  # tokenize, pack, worker
 
 
 def tokenize(req: ParsedRequest, tokenizer: TextTokenizer) -> tuple[list[int], list[list[int]]]:
@@ -37,7 +38,12 @@ async def score(
     req: ParsedRequest, tokenizer: TextTokenizer, limits: Limits, call_scorer: ScoreFn
 ) -> ScoreResult:
     started = time.perf_counter()
-    query, items = tokenize(req, tokenizer)
+    if req.is_text:
+        # In a thread: a megabytes-long text must not stall this replica's other requests.
+        query, items = await asyncio.to_thread(tokenize, req, tokenizer)
+    else:
+        query, items = tokenize(req, tokenizer)
+    tokenized = time.perf_counter()
     if not items:
         return ScoreResult([], 0)
     check_token_count(query, items, limits)
@@ -53,7 +59,8 @@ async def score(
     scored = time.perf_counter()
     logprobs = merge_results(sequences, results, len(items))
     scores = [to_scores(row, req.apply_softmax) for row in logprobs]
-    timings = {"prepare": (packed - started) * 1e3, "worker": (scored - packed) * 1e3}
+    timings = {"tokenize": (tokenized - started) * 1e3, "pack": (packed - tokenized) * 1e3,
+               "worker": (scored - packed) * 1e3}
     return ScoreResult(scores, sum(s.num_tokens for s in sequences), timings)
 
 

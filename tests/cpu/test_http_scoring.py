@@ -30,10 +30,10 @@ def test_response_shape_usage_and_model(client):
 def test_server_timing_header_breaks_down_the_ingress_time(client):
     r = client.post("/v1/score", json={"query": "q", "items": ["a", "b"], "label_token_ids": LABELS})
     parts = dict(p.strip().split(";dur=") for p in r.headers["server-timing"].split(","))
-    assert set(parts) == {"parse", "prepare", "worker", "ingress"}
+    assert set(parts) == {"parse", "tokenize", "pack", "worker", "ingress"}
     ms = {k: float(v) for k, v in parts.items()}
     assert all(v >= 0 for v in ms.values())
-    assert ms["parse"] + ms["prepare"] + ms["worker"] <= ms["ingress"] + 0.05  # rounding
+    assert ms["parse"] + ms["tokenize"] + ms["pack"] + ms["worker"] <= ms["ingress"] + 0.05
 
 
 def test_apply_softmax_false_gives_full_vocab_probabilities(client):

@@ -1,44 +1,90 @@
-"""A failing scorer reaches the client as an enveloped 5xx, not Serve's bare 500."""
+"""Scorer failures reach the client as enveloped 5xx; a lost replica's job is sent again once."""
 
 import asyncio
 from types import SimpleNamespace
 
 import pytest
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
 
+from gpu_worker.errors import ScorerOverloaded
 from serve_app.ingress import ScoreIngress
 from serve_app.packing import ScoreJob, pack_plain
 from serve_app.protocol import ApiError
 
+RESULT = [[[-0.5, -1.5]]]
 
-class _FailingHandle:
-    """Stands in for the scorer's DeploymentHandle: `.score.remote(job)` raises `error`."""
 
-    def __init__(self, error: Exception) -> None:
+class _ScriptedHandle:
+    """Stands in for the scorer's DeploymentHandle: `.score.remote(job)` raises the scripted
+    errors in turn, then returns RESULT."""
+
+    def __init__(self, *errors: Exception) -> None:
         self.score = self
-        self.error = error
+        self.errors = list(errors)
+        self.calls = 0
 
     async def remote(self, job):
-        raise self.error
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return RESULT
 
 
-def _call(error: Exception) -> ApiError:
-    # The method only needs `self.worker`; the Serve-wrapped class is not built outside Serve.
-    ingress = SimpleNamespace(worker=_FailingHandle(error))
+class _Count:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self, *_, **__) -> None:
+        self.value += 1
+
+
+def _ingress(handle: _ScriptedHandle) -> SimpleNamespace:
+    # The method only needs these attributes; the Serve-wrapped class is not built outside Serve.
+    return SimpleNamespace(worker=handle, metrics=SimpleNamespace(retries=_Count()))
+
+
+def _call(ingress: SimpleNamespace):
     call_worker = ScoreIngress.func_or_class._call_worker
+    return asyncio.run(call_worker(ingress, ScoreJob([pack_plain([1, 2], 0)], [5])))
+
+
+def _error(*errors: Exception) -> ApiError:
     with pytest.raises(ApiError) as caught:
-        asyncio.run(call_worker(ingress, ScoreJob([pack_plain([1, 2], 0)], [5])))
+        _call(_ingress(_ScriptedHandle(*errors)))
     return caught.value
 
 
 def test_scorer_exception_is_an_enveloped_500():
-    err = _call(RuntimeError("poisoned batch"))
+    err = _error(RuntimeError("poisoned batch"))
     assert err.status == 500
     assert err.envelope()["error"] == {"message": "scoring failed: RuntimeError",
                                        "type": "InternalServerError", "param": None, "code": 500}
 
 
 def test_scorer_backpressure_is_503_with_retry_after():
-    err = _call(BackPressureError(num_queued_requests=10, max_queued_requests=10,
-                                  retry_after_s=2.0))
+    err = _error(BackPressureError(num_queued_requests=10, max_queued_requests=10,
+                                   retry_after_s=2.0))
     assert err.status == 503 and err.headers == {"Retry-After": "2"}
+
+
+def test_full_token_queue_is_503_with_retry_after():
+    err = _error(ScorerOverloaded(queued_tokens=9000, limit=8192))
+    assert err.status == 503 and err.headers == {"Retry-After": "1"}
+    assert "capacity" in err.message
+
+
+@pytest.mark.parametrize("lost", [ActorDiedError(), ActorUnavailableError("gone", b"\0" * 16)],
+                         ids=["died", "unavailable"])
+def test_job_of_a_lost_replica_is_sent_again_once(lost):
+    handle = _ScriptedHandle(lost)
+    ingress = _ingress(handle)
+    assert _call(ingress) == RESULT
+    assert handle.calls == 2 and ingress.metrics.retries.value == 1
+
+
+def test_second_lost_replica_is_a_503_not_a_third_try():
+    handle = _ScriptedHandle(ActorDiedError(), ActorDiedError())
+    with pytest.raises(ApiError) as caught:
+        _call(_ingress(handle))
+    assert caught.value.status == 503 and handle.calls == 2

@@ -153,6 +153,13 @@ def test_failed_launch_fails_only_its_batch(engine, sequences):
         assert isinstance(later[5], list) and len(later[5]) == sequences[5].num_items
         assert scheduler.depth() == IDLE
         assert scheduler.alive
+        # Each batch left one record for the metrics, the failed one with its error type.
+        records = list(scheduler.batch_log)
+        assert [(r.error, r.sequences) for r in records] == [("RuntimeError", 2), (None, 2),
+                                                             (None, 1)]
+        assert records[1].tokens == sequences[2].num_tokens + sequences[3].num_tokens
+        assert records[1].items == sequences[2].num_items + sequences[3].num_items
+        assert all(r.seconds > 0 for r in records)
     finally:
         scheduler.stop()
 

@@ -1,0 +1,72 @@
+"""Prometheus metrics of a scorer replica (ray.serve.metrics adds application/deployment/replica).
+
+A small thread publishes them from the scheduler's counters every PUBLISH_INTERVAL_S, so the
+scheduling loop itself never calls into the metrics library.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+from gpu_worker.scheduler import Scheduler
+
+PUBLISH_INTERVAL_S = 0.5
+TOKEN_BUCKETS = [256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+SEQUENCE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+STEP_BUCKETS_S = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30]
+
+
+class WorkerMetrics:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.queue_tokens = Gauge("ranker_queue_tokens", "Tokens waiting (queued) or running "
+                                  "(inflight) in this replica", tag_keys=("state",))
+        self.queue_sequences = Gauge("ranker_queue_sequences", "Packed sequences waiting "
+                                     "(queued) or running (inflight)", tag_keys=("state",))
+        self.batch_tokens = Histogram("ranker_batch_tokens", "Tokens per forward batch",
+                                      boundaries=TOKEN_BUCKETS)
+        self.batch_sequences = Histogram("ranker_batch_sequences", "Packed sequences (about "
+                                         "requests) per forward batch", boundaries=SEQUENCE_BUCKETS)
+        self.step_seconds = Histogram("ranker_step_seconds", "Launch to results of one batch",
+                                      boundaries=STEP_BUCKETS_S)
+        self.items_scored = Counter("ranker_items_scored", "Items scored")
+        self.batch_errors = Counter("ranker_batch_errors", "Batches that failed, by exception",
+                                    tag_keys=("error_type",))
+        self.dropped = Counter("ranker_sequences_dropped", "Sequences dropped unscored because "
+                               "their caller went away (disconnect or timeout)")
+        self.rejected = Counter("ranker_requests_rejected", "Requests refused because the "
+                                "replica's token queue was full")
+        self._dropped_seen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="worker-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PUBLISH_INTERVAL_S):
+            self.publish()
+
+    def publish(self) -> None:
+        depth = self.scheduler.depth()
+        self.queue_tokens.set(depth.queued_tokens, tags={"state": "queued"})
+        self.queue_tokens.set(depth.inflight_tokens, tags={"state": "inflight"})
+        self.queue_sequences.set(depth.queued_sequences, tags={"state": "queued"})
+        self.queue_sequences.set(depth.inflight_sequences, tags={"state": "inflight"})
+        log = self.scheduler.batch_log
+        while log:
+            record = log.popleft()
+            if record.error is not None:
+                self.batch_errors.inc(tags={"error_type": record.error})
+                continue
+            self.batch_tokens.observe(record.tokens)
+            self.batch_sequences.observe(record.sequences)
+            self.step_seconds.observe(record.seconds)
+            self.items_scored.inc(record.items)
+        dropped = self.scheduler.cancelled_dropped
+        if dropped > self._dropped_seen:
+            self.dropped.inc(dropped - self._dropped_seen)
+            self._dropped_seen = dropped

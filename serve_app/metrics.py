@@ -1,0 +1,21 @@
+"""Prometheus metrics of an ingress replica (ray.serve.metrics adds application/deployment/replica)."""
+
+from __future__ import annotations
+
+from ray.serve.metrics import Counter, Histogram
+
+LATENCY_BUCKETS_MS = [5, 10, 20, 50, 100, 200, 300, 500, 1000, 2000, 5000, 10000, 30000]
+TOKENIZE_BUCKETS_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 500, 1000, 5000]
+
+
+class IngressMetrics:
+    def __init__(self) -> None:
+        self.latency_ms = Histogram("ranker_request_latency_ms", "POST /v1/score latency in the "
+                                    "ingress, by HTTP status", boundaries=LATENCY_BUCKETS_MS,
+                                    tag_keys=("status",))
+        self.tokenize_ms = Histogram("ranker_tokenize_ms", "Tokenizing one request's text",
+                                     boundaries=TOKENIZE_BUCKETS_MS)
+        self.errors = Counter("ranker_errors", "Failed score requests, by error type and status",
+                              tag_keys=("error_type", "status"))
+        self.retries = Counter("ranker_scorer_retries", "Scoring calls sent again to another "
+                               "replica because the first replica was lost")

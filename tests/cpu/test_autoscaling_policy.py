@@ -1,0 +1,54 @@
+"""The queue-depth policy as a pure function of Serve's AutoscalingContext."""
+
+import pytest
+from ray.serve._private.common import DeploymentID, ReplicaID
+from ray.serve.config import AutoscalingContext
+
+from serve_app.autoscaling_policy import QueueDepthPolicy
+
+DEPLOYMENT = DeploymentID(name="ScoreWorker", app_name="score")
+
+
+def _context(queued: list[float] | None, inflight: list[float] | None, target: int = 2):
+    """Context for `target` replicas whose reported averages are `queued` / `inflight`."""
+    replicas = [ReplicaID(f"r{i}", DEPLOYMENT) for i in range(target)]
+    metrics = None
+    if queued is not None:
+        metrics = {"queued_tokens": dict(zip(replicas, queued)),
+                   "inflight_tokens": dict(zip(replicas, inflight))}
+    return AutoscalingContext(
+        deployment_id=DEPLOYMENT, deployment_name="ScoreWorker", app_name="score",
+        current_num_replicas=target, target_num_replicas=target, running_replicas=replicas,
+        total_num_requests=7.0, total_queued_requests=0.0, aggregated_metrics=metrics,
+        raw_metrics=None, capacity_adjusted_min_replicas=1, capacity_adjusted_max_replicas=4,
+        policy_state={}, last_scale_up_time=None, last_scale_down_time=None, current_time=100.0,
+        config=None)
+
+
+def test_desired_replicas_cover_all_tokens_at_the_target_per_replica():
+    policy = QueueDepthPolicy(target_tokens_per_replica=10_000)
+    # 2 replicas: 30k + 5k queued, 8k + 8k running = 51k tokens → 6 replicas of 10k.
+    desired, state = policy(_context([30_000, 5_000], [8_000, 8_000]))
+    assert desired == 6 and state == {"tokens": 51_000}
+
+
+def test_exactly_at_target_keeps_the_count_and_idle_asks_for_none():
+    policy = QueueDepthPolicy(target_tokens_per_replica=10_000)
+    assert policy(_context([6_000, 4_000], [5_000, 5_000]))[0] == 2
+    # Zero is what the work asks for; Serve's min_replicas bound is applied after the policy.
+    assert policy(_context([0, 0], [0, 0]))[0] == 0
+
+
+def test_one_token_over_the_target_adds_a_replica():
+    policy = QueueDepthPolicy(target_tokens_per_replica=10_000)
+    assert policy(_context([10_001], [0], target=1))[0] == 2
+
+
+def test_no_reports_yet_holds_the_current_target():
+    assert QueueDepthPolicy(1_000)(_context(None, None, target=3)) == (3, {"tokens": None})
+
+
+@pytest.mark.parametrize("target", [0, -5])
+def test_target_must_be_positive(target):
+    with pytest.raises(ValueError, match="target_tokens_per_replica"):
+        QueueDepthPolicy(target)

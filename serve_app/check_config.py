@@ -47,6 +47,7 @@ class Autoscaling(_Strict):
     upscale_delay_s: float | None = None
     downscale_delay_s: float | None = None
     look_back_period_s: float | None = None
+    metrics_interval_s: float | None = None
     upscaling_factor: float | None = None
     downscaling_factor: float | None = None
     aggregation_function: Literal["mean", "max", "min"] | None = None
@@ -60,11 +61,17 @@ class ActorOptions(_Strict):
     runtime_env: dict | None = None
 
 
+class Backpressure(_Strict):
+    status_code: Literal[503, 429] = 503
+    retry_after_s: float | None = None
+
+
 class Deployment(_Strict):
     name: Literal["ScoreIngress", "ScoreWorker"]
     num_replicas: int | Literal["auto"] | None = None
     max_ongoing_requests: int | None = None
     max_queued_requests: int | None = None
+    backpressure_config: Backpressure | None = None
     ray_actor_options: ActorOptions | None = None
     autoscaling_config: Autoscaling | None = None
     health_check_period_s: float | None = None

@@ -4,7 +4,7 @@ import math
 
 from transformers import AutoTokenizer
 
-from tests.conftest import DEFAULT_MODEL
+from tests.service import DEFAULT_MODEL
 
 YES, NO = 10539, 5230
 LABELS = [YES, NO]

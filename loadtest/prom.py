@@ -1,0 +1,72 @@
+"""Read the service's Prometheus metrics from a Ray node's metrics export port.
+
+Ray serves every process's metrics of a node at http://NODE:PORT/metrics (names prefixed
+`ray_`). `find_metrics_url` finds the port of a local cluster from its session directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import urllib.request
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+RAY_TMP = "/tmp/ray"
+
+
+def find_metrics_url(session_dir: str | None = None, host: str = "127.0.0.1") -> str:
+    """The metrics URL of a local Ray node; default: the newest session on this machine."""
+    session_dir = session_dir or os.path.join(RAY_TMP, "session_latest")
+    files = glob.glob(os.path.join(session_dir, "metrics_export_port_*"))
+    if not files:
+        raise FileNotFoundError(f"no metrics_export_port_* in {session_dir}: is Ray running?")
+    with open(files[0]) as f:
+        return f"http://{host}:{int(f.read().strip())}/metrics"
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample as (name, labels, value)."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    return [(s.name, s.labels, s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+@dataclass
+class ServiceSample:
+    """The scorer deployment's state in one scrape."""
+
+    worker_replicas: int = 0  # healthy ScoreWorker replicas
+    target_replicas: int | None = None  # what the autoscaler asks for
+    queued_tokens: float = 0.0  # summed over replicas
+    inflight_tokens: float = 0.0
+    items_scored: dict[str, float] = field(default_factory=dict)  # per replica id
+    dropped: float = 0.0  # sequences dropped because their caller went away
+    rejected: float = 0.0  # requests refused by a full token queue
+
+
+def service_sample(samples: list[tuple[str, dict[str, str], float]],
+                   deployment: str = "ScoreWorker") -> ServiceSample:
+    out = ServiceSample()
+    for name, labels, value in samples:
+        if labels.get("deployment") != deployment:
+            continue
+        if name == "ray_serve_deployment_replica_healthy":
+            # One 1/0 series per replica, or one count per deployment (Ray's default tags).
+            out.worker_replicas += int(value)
+        elif name == "ray_serve_autoscaling_target_replicas":
+            out.target_replicas = int(value)
+        elif name == "ray_ranker_queue_tokens":
+            if labels.get("state") == "queued":
+                out.queued_tokens += value
+            else:
+                out.inflight_tokens += value
+        elif name == "ray_ranker_items_scored_total":
+            out.items_scored[labels.get("replica", "")] = value
+        elif name == "ray_ranker_sequences_dropped_total":
+            out.dropped += value
+        elif name == "ray_ranker_requests_rejected_total":
+            out.rejected += value
+    return out

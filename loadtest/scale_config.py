@@ -1,0 +1,37 @@
+"""Variants of configs/score-gpu.yaml for the scaling runs (loadtest/run_scale_gpu.sh).
+
+Usage: python -m loadtest.scale_config MODE OUT.yaml
+  fixed1 / fixed2: exactly 1 / 2 scorer replicas (no autoscaling), 4 ingress replicas;
+  auto: the shipped config (queue-depth autoscaling 1..2), 4 ingress replicas, and a token queue
+  long enough to hold the excess of a ramp while the second replica starts (no 503s).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def variant(mode: str) -> dict:
+    config = yaml.safe_load((REPO / "configs" / "score-gpu.yaml").read_text())
+    deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
+    ingress = deployments["ScoreIngress"]
+    ingress.pop("autoscaling_config")
+    ingress["num_replicas"] = 4  # the front door must not be what limits two GPUs
+    if mode in ("fixed1", "fixed2"):
+        worker = deployments["ScoreWorker"]
+        worker.pop("autoscaling_config")
+        worker["num_replicas"] = int(mode[-1])
+    elif mode == "auto":
+        config["applications"][0]["args"]["max_queued_tokens"] = 4_000_000
+    else:
+        raise SystemExit(f"mode must be fixed1, fixed2 or auto, not {mode!r}")
+    return config
+
+
+if __name__ == "__main__":
+    Path(sys.argv[2]).write_text(yaml.safe_dump(variant(sys.argv[1]), sort_keys=False))

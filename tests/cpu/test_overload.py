@@ -1,0 +1,135 @@
+"""Overload and cancellation against the real app (`serve run`, small model, one scorer).
+
+Admission control has two layers: the ingress takes at most MAX_ONGOING requests plus
+MAX_QUEUED waiting at the HTTP proxy (Serve answers the rest 503 + Retry-After before any of our
+code runs), and a scorer refuses jobs beyond `max_queued_tokens` (503 from the ingress).
+"""
+
+import asyncio
+
+import aiohttp
+import httpx
+import pytest
+
+from loadtest.loadgen import RateConfig, make_session, run_rate
+from loadtest.prom import scrape, service_sample
+from loadtest.workload import RequestFactory, Workload
+from tests.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
+                           stop_service, wait_until)
+
+MAX_ONGOING, MAX_QUEUED = 12, 4
+SMALL = Workload(query_len=40, items=4, item_len=40, vocab=49152)  # ~200 tokens, one sequence
+LARGE = Workload(query_len=40, items=4, item_len=200, vocab=49152)  # ~850 tokens, one sequence
+PHASE_S = 20
+
+
+@pytest.fixture(scope="module")
+def service(small_model):
+    config = small_model_config(small_model)
+    config["applications"][0]["args"]["max_queued_tokens"] = 8192
+    deployment(config, "ScoreIngress").update(
+        max_ongoing_requests=MAX_ONGOING, max_queued_requests=MAX_QUEUED,
+        backpressure_config={"status_code": 503, "retry_after_s": 1})
+    svc = start_service(config, FAST_METRICS_ENV)
+    yield svc
+    stop_service(svc)
+
+
+def _rss_mb(svc) -> float:
+    procs = svc.replica_processes("ScoreWorker") + svc.replica_processes("ScoreIngress")
+    return sum(p.memory_info().rss for p in procs) / 2**20
+
+
+async def _phase(url: str, rate: float, seed: str) -> dict:
+    async with make_session() as session:
+        point, _ = await run_rate(session, url, SMALL, RateConfig(rate=rate, duration_s=PHASE_S,
+                                                                  warmup_s=3, seed=seed),
+                                  progress=False)
+    return point
+
+
+def test_three_times_capacity_sheds_503s_and_keeps_p99_bounded(service):
+    # Capacity: what the service answers when offered far more than it can do.
+    probe = asyncio.run(_phase(service.url, 60, "probe"))
+    capacity = probe["achieved_rps"]
+    assert capacity > 3, probe
+    rss_before = _rss_mb(service)
+    at_capacity = asyncio.run(_phase(service.url, capacity, "capacity"))
+    overload = asyncio.run(_phase(service.url, 3 * capacity, "overload"))
+    rss_after = _rss_mb(service)
+    print(f"\ncapacity {capacity} req/s; at capacity: {at_capacity}\n3x: {overload}\n"
+          f"replica RSS {rss_before:.0f} -> {rss_after:.0f} MB")
+    for point in (at_capacity, overload):
+        assert set(point["failures"]) <= {"503"}, point  # shed, never 500s or timeouts
+    shed = overload["failures"].get("503", 0) / overload["measured_requests"]
+    assert shed >= 0.4, overload  # about 2/3 of a 3x load cannot be served
+    # Accepted requests keep their latency and the service keeps its throughput.
+    assert overload["latency_ms"]["p99"] <= 2 * at_capacity["latency_ms"]["p99"]
+    assert overload["achieved_rps"] >= 0.8 * capacity
+    assert rss_after - rss_before < 100  # no queue grows without bound
+    assert httpx.get(f"{service.url}/health", timeout=10).status_code == 200
+
+
+def test_shed_requests_get_retry_after_quickly(service):
+    async def burst() -> list[tuple[int, str | None, float]]:
+        factory = RequestFactory(SMALL, "burst")
+        async with aiohttp.ClientSession() as session:
+            async def one():
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                async with session.post(f"{service.url}/v1/score", data=factory.next_bytes(),
+                                        headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+                    return r.status, r.headers.get("Retry-After"), loop.time() - started
+            return await asyncio.gather(*(one() for _ in range(60)))
+
+    results = asyncio.run(burst())
+    shed = [r for r in results if r[0] == 503]
+    assert {r[0] for r in results} <= {200, 503} and len(shed) >= 60 - MAX_ONGOING - MAX_QUEUED
+    assert all(r[1] == "1" for r in shed)
+    assert max(r[2] for r in shed) < 2.0  # refused at once, not after waiting
+
+
+def test_requests_whose_client_left_are_not_computed(service):
+    """Large requests fill the scorer's queue; then small ones are abandoned while queued:
+    by a client timeout (disconnect) and by Serve's per-request timeout (408)."""
+    url = f"{service.url}/v1/score"
+    before = service_sample(scrape(service.metrics_url()))
+
+    async def scenario() -> tuple[list[int], int]:
+        large, small = RequestFactory(LARGE, "fill"), RequestFactory(SMALL, "gone")
+        async with aiohttp.ClientSession() as session:
+            async def post(body: bytes, timeout_s: float = 60, headers=None) -> int:
+                try:
+                    async with session.post(url, data=body, timeout=aiohttp.ClientTimeout(
+                            total=timeout_s), headers={"Content-Type": "application/json",
+                                                       **(headers or {})}) as r:
+                        await r.read()
+                        return r.status
+                except TimeoutError:
+                    return 0  # we hung up
+            fill = [asyncio.create_task(post(large.next_bytes())) for _ in range(6)]
+            await asyncio.sleep(0.3)  # the scorer is busy with the large ones
+            gone = [post(small.next_bytes(), timeout_s=0.3) for _ in range(3)]
+            timed = [post(small.next_bytes(), headers={"x-request-timeout-seconds": "0.3"})
+                     for _ in range(3)]
+            abandoned = await asyncio.gather(*gone, *timed)
+            return abandoned, await asyncio.gather(*fill)
+
+    abandoned, filled = asyncio.run(scenario())
+    # Hung up (0) or timed out at the proxy (408); a 503 means it was refused, never queued.
+    assert abandoned[:3] == [0, 0, 0] and set(abandoned[3:]) <= {408, 503}
+    assert filled == [200] * 6
+    queued_then_abandoned = sum(status != 503 for status in abandoned)
+
+    def settled():
+        now = service_sample(scrape(service.metrics_url()))
+        return now.queued_tokens == now.inflight_tokens == 0 and now.dropped > before.dropped
+    wait_until(settled, 30, "scorer idle with drops counted", service)
+    after = service_sample(scrape(service.metrics_url()))
+    dropped = after.dropped - before.dropped
+    scored = sum(after.items_scored.values()) - sum(before.items_scored.values())
+    # Each abandoned request is one sequence: either dropped unscored or (if it was already
+    # running) scored; here they waited behind ~5k tokens, so all are dropped.
+    assert dropped == queued_then_abandoned >= 3
+    assert scored == 6 * LARGE.items

@@ -1,0 +1,51 @@
+"""A scorer replica killed under load loses no accepted request (`serve run`, small model,
+two scorer replicas): the ingress sends the lost replica's jobs again, once, to the other."""
+
+import asyncio
+import threading
+
+import httpx
+
+from loadtest.loadgen import RateConfig, make_session, run_rate
+from loadtest.prom import scrape
+from loadtest.workload import Workload
+from tests.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
+                           stop_service, wait_until)
+
+# ~450 tokens: long enough that each scorer always holds a few jobs when the kill comes.
+WORKLOAD = Workload(query_len=40, items=4, item_len=100, vocab=49152)
+
+
+def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
+    config = small_model_config(small_model)
+    worker = deployment(config, "ScoreWorker")
+    worker.pop("autoscaling_config")
+    worker.update(num_replicas=2)
+    worker["ray_actor_options"]["num_cpus"] = 0.5
+    svc = start_service(config, FAST_METRICS_ENV)
+    try:
+        wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 60, "two scorers", svc)
+        victim = svc.replica_processes("ScoreWorker")[0]
+        killer = threading.Timer(8.0, victim.kill)  # SIGKILL, mid-run
+        killer.start()
+
+        async def load():
+            async with make_session() as session:
+                return await run_rate(session, svc.url, WORKLOAD,
+                                      RateConfig(rate=12, duration_s=20, warmup_s=2),
+                                      progress=False)
+        point, outcomes = asyncio.run(load())
+        killer.join()
+        print(f"\n{point}")
+        assert not victim.is_running()
+        assert point["failed"] == 0 and all(o.kind == "ok" for o in outcomes), point["failures"]
+        # The kill did hit jobs in flight, and they were sent again (metrics lag ~1 s).
+        wait_until(lambda: sum(v for n, _, v in scrape(svc.metrics_url())
+                               if n == "ray_ranker_scorer_retries_total") >= 1,
+                   15, "a retry counted", svc)
+        # Serve replaces the dead replica; the service is healthy again.
+        wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 90,
+                   "dead scorer replaced", svc)
+        assert httpx.get(f"{svc.url}/health", timeout=10).status_code == 200
+    finally:
+        stop_service(svc)

@@ -1,0 +1,170 @@
+"""Start the real app with `serve run` on a variant of a shipped config, for integration tests."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from loadtest.prom import find_metrics_url
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = REPO / "models" / "smollm2-135m-instruct"
+STARTUP_TIMEOUT_S = 240
+# Prometheus values every second instead of every ten (Ray system config, read from the env).
+FAST_METRICS_ENV = {"RAY_metrics_report_interval_ms": "1000"}
+
+
+SMALL_MODEL_SHAPE = dict(vocab_size=49152, hidden_size=256, intermediate_size=1024,
+                        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True)
+
+
+def make_small_model(dest: Path) -> Path:
+    """A seeded random Llama of ~10 ms per request on one CPU core, with the default model's
+    real tokenizer: load tests need a replica that saturates quickly, not meaningful scores."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if not (DEFAULT_MODEL / "tokenizer.json").is_file():
+        pytest.fail(f"{DEFAULT_MODEL} is missing: run `python scripts/prepare_model.py`")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**SMALL_MODEL_SHAPE)).save_pretrained(dest)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEFAULT_MODEL / name, dest / name)
+    return dest
+
+
+def small_model_config(model_path) -> dict:
+    """configs/score.yaml pointed at the small model, sized for a 2-core CI machine: one torch
+    thread per scorer and short batches, so one scorer replica saturates at ~20 requests/s."""
+    config = shipped_config()
+    config["applications"][0]["args"].update(
+        model_path=str(model_path), served_model_name="small-random", torch_threads=1,
+        max_batch_tokens=1024, max_seq_tokens=1024, max_tokens_per_request=8192)
+    ingress = deployment(config, "ScoreIngress")
+    ingress.pop("autoscaling_config")
+    ingress.update(num_replicas=1)
+    return config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shipped_config(name: str = "score.yaml") -> dict:
+    return yaml.safe_load((REPO / "configs" / name).read_text())
+
+
+def deployment(config: dict, name: str) -> dict:
+    """The `deployments:` entry called `name` of the first application (to edit in place)."""
+    return next(d for d in config["applications"][0]["deployments"] if d["name"] == name)
+
+
+@dataclass
+class Service:
+    url: str
+    proc: subprocess.Popen
+    workdir: Path
+
+    @property
+    def log(self) -> str:
+        return (self.workdir / "serve.log").read_text(errors="replace")
+
+    def metrics_url(self) -> str:
+        """Prometheus endpoint of this service's own Ray node (found via its GCS's session)."""
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                for arg in child.cmdline():
+                    if arg.startswith("--log_dir=") and "/session_" in arg:
+                        return find_metrics_url(str(Path(arg.split("=", 1)[1]).parent))
+            except psutil.Error:
+                continue
+        raise RuntimeError("no Ray session found under the serve run process")
+
+    def replica_processes(self, deployment_name: str) -> list[psutil.Process]:
+        """Live replica processes of a deployment (Ray names them ServeReplica:APP:DEPLOYMENT)."""
+        marker = f"ServeReplica:score:{deployment_name}"
+        found = []
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if any(marker in arg for arg in child.cmdline()):
+                    found.append(child)
+            except psutil.Error:
+                continue
+        return found
+
+
+def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Service:
+    """`serve run` of `config` (its HTTP port replaced by a free one); healthy when returned."""
+    if not (DEFAULT_MODEL / "config.json").is_file():
+        pytest.fail(f"{DEFAULT_MODEL} is missing: run `python scripts/prepare_model.py`")
+    config = copy.deepcopy(config)
+    port = free_port()
+    config["http_options"]["port"] = port
+    workdir = Path(tempfile.mkdtemp(prefix="score-serve-"))
+    (workdir / "score.yaml").write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(extra_env or {})
+    with open(workdir / "serve.log", "w") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "serve"), "run", str(workdir / "score.yaml")],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    service = Service(f"http://127.0.0.1:{port}", proc, workdir)
+    try:
+        wait_until(lambda: _healthy(service), STARTUP_TIMEOUT_S, "service healthy", service)
+    except BaseException:
+        stop_service(service)
+        raise
+    return service
+
+
+def _healthy(service: Service) -> bool:
+    if service.proc.poll() is not None:
+        pytest.fail(f"serve run exited ({service.proc.returncode}):\n{service.log[-4000:]}")
+    try:
+        return httpx.get(f"{service.url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str,
+               service: Service | None = None, every_s: float = 0.5) -> float:
+    """Poll `check` until true; returns the seconds it took. Fails the test on timeout."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if check():
+            return time.monotonic() - started
+        time.sleep(every_s)
+    tail = f":\n{service.log[-4000:]}" if service else ""
+    pytest.fail(f"not {what} after {timeout_s} s{tail}")
+
+
+def stop_service(service: Service) -> None:
+    # Ctrl-C makes `serve run` delete the app and stop the Ray instance it started.
+    try:
+        os.killpg(service.proc.pid, signal.SIGINT)
+        service.proc.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(service.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -18,6 +18,8 @@ WORKLOAD = Workload(query_len=40, items=4, item_len=100, vocab=49152)
 
 def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
     config = small_model_config(small_model)
+    # No refusals: one scorer alone is over capacity for a moment, and a 503 would hide a loss.
+    config["applications"][0]["args"]["max_queued_tokens"] = 0
     worker = deployment(config, "ScoreWorker")
     worker.pop("autoscaling_config")
     worker.update(num_replicas=2)

@@ -6,6 +6,7 @@ code runs), and a scorer refuses jobs beyond `max_queued_tokens` (503 from the i
 """
 
 import asyncio
+import time
 
 import aiohttp
 import httpx
@@ -94,6 +95,14 @@ def test_requests_whose_client_left_are_not_computed(service):
     """Large requests fill the scorer's queue; then small ones are abandoned while queued:
     by a client timeout (disconnect) and by Serve's per-request timeout (408)."""
     url = f"{service.url}/v1/score"
+
+    def quiet() -> bool:  # the earlier tests' requests are all done and counted
+        first = service_sample(scrape(service.metrics_url()))
+        time.sleep(2)
+        second = service_sample(scrape(service.metrics_url()))
+        return (second.queued_tokens == second.inflight_tokens == 0
+                and first.items_scored == second.items_scored)
+    wait_until(quiet, 60, "scorer quiet before the test", service)
     before = service_sample(scrape(service.metrics_url()))
 
     async def scenario() -> tuple[list[int], int]:

@@ -7,15 +7,11 @@ class ScorerOverloaded(Exception):
     """The replica's queue holds more tokens than it may: the request was not queued."""
 
     def __init__(self, queued_tokens: int, limit: int, retry_after_s: int = 1) -> None:
-        super().__init__(f"{queued_tokens} tokens already queued (limit {limit})")
+        # All fields in args: pickling (Ray sends the exception to the caller) rebuilds from them.
+        super().__init__(queued_tokens, limit, retry_after_s)
+        self.queued_tokens = queued_tokens
+        self.limit = limit
         self.retry_after_s = retry_after_s
 
-    def __reduce__(self):  # keep the fields when Ray pickles the exception to the caller
-        return _rebuild, (str(self), self.retry_after_s)
-
-
-def _rebuild(message: str, retry_after_s: int) -> ScorerOverloaded:
-    exc = ScorerOverloaded.__new__(ScorerOverloaded)
-    Exception.__init__(exc, message)
-    exc.retry_after_s = retry_after_s
-    return exc
+    def __str__(self) -> str:
+        return f"{self.queued_tokens} tokens already queued (limit {self.limit})"

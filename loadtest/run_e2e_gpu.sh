@@ -11,23 +11,11 @@ config=${CONFIG:-configs/score-gpu.yaml}
 out=${OUT:-loadtest/results}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1
-stop_service() {  # SIGINT is ignored by a background job: stop Serve and its Ray explicitly
-  pkill -TERM -f "serve.scripts" 2>/dev/null
-  python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
-}
+source loadtest/gpu_service.sh
 stop_service  # a service left by an earlier run on this machine would answer in our place
 python3 scripts/make_random_model.py > /dev/null || exit 1
 python3 -m serve_app.check_config "$config" || exit 1
-(setsid python3 -c "from ray.serve.scripts import cli; cli()" run "$config" \
-  > "$out/serve.log" 2>&1 &)
-started=$(date +%s)
-until curl -sf -m 2 127.0.0.1:8000/health > /dev/null; do
-  sleep 1
-  if ! pgrep -f "serve.scripts" > /dev/null || (( $(date +%s) - started > 300 )); then
-    echo "service did not become healthy"; tail -40 "$out/serve.log"; exit 1
-  fi
-done
-echo "healthy after $(( $(date +%s) - started )) s"
+start_service "$config" "$out/serve.log"
 python3 -m loadtest.loadgen single --requests 200 --no-progress --out "$out/single.json"
 python3 loadtest/timing_probe.py --requests 100 --out "$out/timing_idle.json"
 python3 -m loadtest.loadgen sweep --rates "$rates" --duration 15 --warmup 3 --p99-ms 500 \

@@ -14,25 +14,13 @@ out=${OUT:-loadtest/results}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1
 export RAY_metrics_report_interval_ms=1000  # Prometheus values every second
-stop_service() {  # SIGINT is ignored by a background job: stop Serve and its Ray explicitly
-  pkill -TERM -f "serve.scripts" 2>/dev/null
-  python3 -c "from ray.scripts.scripts import main; main()" stop --force > /dev/null 2>&1
-}
+source loadtest/gpu_service.sh
 stop_service
 python3 scripts/make_random_model.py > /dev/null || exit 1
 config="$out/score-gpu-$mode.yaml"
 python3 -m loadtest.scale_config "$mode" "$config" || exit 1
 python3 -m serve_app.check_config "$config" || exit 1
-(setsid python3 -c "from ray.serve.scripts import cli; cli()" run "$config" \
-  > "$out/serve-$mode.log" 2>&1 &)
-started=$(date +%s)
-until curl -sf -m 2 127.0.0.1:8000/health > /dev/null; do
-  sleep 1
-  if ! pgrep -f "serve.scripts" > /dev/null || (( $(date +%s) - started > 300 )); then
-    echo "service did not become healthy"; tail -40 "$out/serve-$mode.log"; stop_service; exit 1
-  fi
-done
-echo "healthy after $(( $(date +%s) - started )) s"
+start_service "$config" "$out/serve-$mode.log"
 if [ "$mode" = auto ]; then
   python3 -m loadtest.ramp --phases "$arg" --query-len 120 --items 10 --item-len 180 \
     --vocab 151643 --out "$out/ramp_gpu.json" --plot "$out/ramp_gpu.png" | tail -3

@@ -141,9 +141,7 @@ class ScoreIngress:
         for attempt in range(1 + REPLICA_LOST_RETRIES):
             try:
                 return await self.worker.score.remote(job)
-            except ScorerOverloaded as exc:
-                raise _at_capacity(exc.retry_after_s) from None
-            except BackPressureError as exc:
+            except (ScorerOverloaded, BackPressureError) as exc:  # token queue / Serve's queue
                 raise _at_capacity(exc.retry_after_s) from None
             except RayActorError as exc:
                 # The replica died or became unreachable with our job. Scoring is idempotent,

@@ -1,6 +1,7 @@
 """Scorer failures reach the client as enveloped 5xx; a lost replica's job is sent again once."""
 
 import asyncio
+import pickle
 from types import SimpleNamespace
 
 import pytest
@@ -88,3 +89,10 @@ def test_second_lost_replica_is_a_503_not_a_third_try():
     with pytest.raises(ApiError) as caught:
         _call(_ingress(handle))
     assert caught.value.status == 503 and handle.calls == 2
+
+
+def test_overload_error_keeps_its_fields_through_pickling():
+    # Ray pickles a replica's exception to the caller; Retry-After comes from the copy.
+    copy = pickle.loads(pickle.dumps(ScorerOverloaded(queued_tokens=9000, limit=8192,
+                                                      retry_after_s=3)))
+    assert str(copy) == "9000 tokens already queued (limit 8192)" and copy.retry_after_s == 3

@@ -3,17 +3,30 @@ two scorer replicas): the ingress sends the lost replica's jobs again, once, to 
 
 import asyncio
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 from loadtest.loadgen import RateConfig, make_session, run_rate
 from loadtest.prom import scrape
-from loadtest.workload import Workload
+from loadtest.workload import RequestFactory, Workload
 from tests.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
                            stop_service, wait_until)
 
-# ~450 tokens: long enough that each scorer always holds a few jobs when the kill comes.
-WORKLOAD = Workload(query_len=40, items=4, item_len=100, vocab=49152)
+WORKLOAD = Workload(query_len=40, items=4, item_len=100, vocab=49152)  # ~450 tokens
+# Sent just before the kill, ~1,600 tokens each: both scorers surely hold jobs when it comes.
+BURST = Workload(query_len=40, items=4, item_len=400, vocab=49152)
+
+
+def _burst_then_kill(url: str, victim, statuses: list[int]) -> None:
+    bodies = [RequestFactory(BURST, f"burst{i}").next_bytes() for i in range(8)]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        posts = [pool.submit(httpx.post, f"{url}/v1/score", content=b, timeout=60,
+                             headers={"Content-Type": "application/json"}) for b in bodies]
+        time.sleep(0.3)  # the burst reached the scorers
+        victim.kill()  # SIGKILL
+        statuses.extend(p.result().status_code for p in posts)
 
 
 def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
@@ -28,8 +41,9 @@ def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
     try:
         wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 60, "two scorers", svc)
         victim = svc.replica_processes("ScoreWorker")[0]
-        killer = threading.Timer(8.0, victim.kill)  # SIGKILL, mid-run
-        killer.start()
+        burst_statuses: list[int] = []
+        killer = threading.Timer(8.0, _burst_then_kill, (svc.url, victim, burst_statuses))
+        killer.start()  # mid-run
 
         async def load():
             async with make_session() as session:
@@ -41,6 +55,7 @@ def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
         print(f"\n{point}")
         assert not victim.is_running()
         assert point["failed"] == 0 and all(o.kind == "ok" for o in outcomes), point["failures"]
+        assert burst_statuses == [200] * 8
         # The kill did hit jobs in flight, and they were sent again (metrics lag ~1 s).
         wait_until(lambda: sum(v for n, _, v in scrape(svc.metrics_url())
                                if n == "ray_ranker_scorer_retries_total") >= 1,

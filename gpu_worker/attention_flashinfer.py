@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from gpu_worker.model_config import ModelConfig
-from serve_app.packing import PackedSequence
+from ranker_contract.model_config import ModelConfig
+from ranker_contract.packing import PackedSequence
 
 WORKSPACE_BYTES = 256 << 20
 MAX_ITEM_POS = 65535  # token_pos_in_items and max_item_len are uint16 in the kernel

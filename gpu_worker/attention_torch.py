@@ -1,7 +1,8 @@
 """`torch` attention backend: SDPA per sequence with an explicit mask from the packing metadata.
 
 Used on CPU, in CI, and as the reference for the GPU backend. The mask is the multi-item rule
-(DESIGN.md §3), built from prefix_len and token_pos_in_items only, never from token values:
+(docs/ARCHITECTURE.md, "The packing contract"), built from prefix_len and token_pos_in_items
+only, never from token values:
 a row p < prefix_len is causal; a row p >= prefix_len with item position t sees the prefix and
 the t most recent tokens (its own item so far).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from serve_app.packing import PackedSequence
+from ranker_contract.packing import PackedSequence
 
 
 def multi_item_mask(seq: PackedSequence) -> torch.Tensor:
@@ -29,17 +30,22 @@ def multi_item_mask(seq: PackedSequence) -> torch.Tensor:
 
 
 class TorchAttention:
-    """Holds one batch's per-sequence masks; called once per layer."""
+    """`plan()` once per batch (the per-sequence masks), then called once per layer."""
 
-    def __init__(self, sequences: list[PackedSequence], device: torch.device) -> None:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.bounds: list[tuple[int, int]] = []
         self.masks: list[torch.Tensor | None] = []  # None = plain causal
-        start = 0
+
+    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Returns the tensors the batch needs until it finished (the masks)."""
+        self.bounds, self.masks, start = [], [], 0
         for seq in sequences:
             self.bounds.append((start, start + seq.num_tokens))
             start += seq.num_tokens
             plain = seq.prefix_len == seq.num_tokens
-            self.masks.append(None if plain else multi_item_mask(seq).to(device))
+            self.masks.append(None if plain else multi_item_mask(seq).to(self.device))
+        return tuple(m for m in self.masks if m is not None)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)

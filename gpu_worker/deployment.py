@@ -6,11 +6,12 @@ import logging
 
 from ray import serve
 
-from gpu_worker.config import WorkerConfig
-from gpu_worker.errors import ScorerOverloaded
+from gpu_worker.engine import Engine
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.worker import build_scheduler, score_job
-from serve_app.packing import ScoreJob
+from gpu_worker.scheduler import Scheduler
+from ranker_contract.config import AppConfig
+from ranker_contract.errors import ScorerOverloaded
+from ranker_contract.packing import ScoreJob
 
 logger = logging.getLogger(__name__)
 
@@ -27,22 +28,25 @@ DEFAULT_OPTIONS = {
 
 @serve.deployment(**DEFAULT_OPTIONS)
 class ScoreWorker:
-    def __init__(self, cfg: WorkerConfig) -> None:
-        self.cfg = cfg
-        self.scheduler = build_scheduler(cfg)
+    def __init__(self, config: AppConfig) -> None:
+        engine = Engine.from_config(config.resolved_model_path(), config.engine)
+        budget = engine.batch_token_budget(config.scheduler.max_batch_tokens,
+                                           config.limits.max_seq_tokens)
+        self.scheduler = Scheduler(
+            engine, config.scheduler.model_copy(update={"max_batch_tokens": budget}))
         self.scheduler.start()
         self.metrics = WorkerMetrics(self.scheduler)
-        logger.info("ScoreWorker ready: %s", cfg)
+        logger.info("ScoreWorker ready: %s", config)
 
     async def score(self, job: ScoreJob) -> list[list[list[float]]]:
         try:
-            return await score_job(self.scheduler, job, self.cfg.max_queued_tokens)
+            return await self.scheduler.run_job(job)
         except ScorerOverloaded:
             self.metrics.rejected.inc()
             raise
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        # Read by the queue-depth autoscaling policy (serve_app/autoscaling_policy.py).
+        # Read by the queue-depth autoscaling policy (ranker_app/autoscaling_policy.py).
         depth = self.scheduler.depth()
         return {
             "queued_tokens": depth.queued_tokens,

@@ -8,18 +8,26 @@ buffer, after `done` is recorded; finish() is the only place that waits on the d
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from gpu_worker.attention_flashinfer import FlashInferAttention
 from gpu_worker.attention_torch import TorchAttention
-from gpu_worker.model import CausalLMForScoring
+from gpu_worker.loader import load_model
+from gpu_worker.model import AttentionBackend, CausalLMForScoring
 from gpu_worker.ops import CudaOps, TorchOps
-from serve_app.packing import PackedSequence
+from ranker_contract.config import EngineConfig
+from ranker_contract.packing import PackedSequence, pack_multi_item
 
 logger = logging.getLogger(__name__)
+
+# Share of free GPU memory (after weights) that batch activations may use.
+MEMORY_FRACTION = 0.8
+PROBE_TOKENS = 8192  # about one bench-sized batch slice; activations scale linearly
 
 # Receives a task's result (items × labels log-probs) or the exception that failed it.
 DoneCallback = Callable[[list[list[float]] | BaseException], None]
@@ -52,27 +60,63 @@ class Step:
 
 
 class Engine:
-    def __init__(
-        self,
-        model: CausalLMForScoring,
-        device: torch.device,
-        attention: str = "torch",  # "torch" (SDPA + explicit mask) or "flashinfer"
-        ops: str = "torch",  # "torch" or "cuda" (fused FlashInfer + Triton kernels)
-        flashinfer_backend: str = "fa2",
-        fp32_residual: bool = True,  # with ops="cuda": keep the residual stream in fp32
-    ) -> None:
+    def __init__(self, model: CausalLMForScoring, device: torch.device,
+                 cfg: EngineConfig = EngineConfig()) -> None:
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size
         self.dtype = model.lm_head.weight.dtype
-        cfg = model.config
-        self.ops = CudaOps(cfg, device, fp32_residual) if ops == "cuda" else TorchOps(cfg)
+        mcfg = model.config
+        self.ops = CudaOps(mcfg, device, cfg.fp32_residual) if cfg.ops == "cuda" else TorchOps(mcfg)
+        self.attention: AttentionBackend
+        if cfg.attention == "flashinfer":
+            self.attention = FlashInferAttention(mcfg, device, cfg.flashinfer_backend)
+        else:
+            self.attention = TorchAttention(device)
         # Benchmarks set a list here to collect (start, done) CUDA events per step.
         self.step_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
-        self.flashinfer_attention = (
-            FlashInferAttention(cfg, device, flashinfer_backend)
-            if attention == "flashinfer" else None
-        )
+
+    @classmethod
+    def from_config(cls, model_path: str | Path, cfg: EngineConfig) -> Engine:
+        """Load the model folder onto the configured device."""
+        if cfg.device == "cpu":
+            torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
+        elif not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' was configured but torch sees no CUDA device")
+        device = torch.device(cfg.device)
+        return cls(load_model(model_path, getattr(torch, cfg.dtype), device), device, cfg)
+
+    def batch_token_budget(self, max_batch_tokens: int, min_batch_tokens: int) -> int:
+        """Tokens one batch may hold. On CPU: `max_batch_tokens`. On a GPU a multi-item probe
+        batch compiles every kernel before the replica reports ready and measures activation
+        memory per token:
+
+            budget = MEMORY_FRACTION * free_memory_after_weights / peak_bytes_per_token
+
+        capped by `max_batch_tokens` when that is set (> 0); it must hold `min_batch_tokens` (the
+        longest sequence the ingress may send).
+        """
+        if self.device.type != "cuda":
+            return max_batch_tokens
+        items = [list(range(200, 380))] * (PROBE_TOKENS // 181 - 1)  # ~PROBE_TOKENS in all
+        tasks = [ScoreTask(pack_multi_item(list(range(1, 121)), items, 0), [1, 2],
+                           lambda _: None)]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        self.finish(self.launch(tasks))
+        per_token = (torch.cuda.max_memory_allocated() - base) / sum(t.num_tokens for t in tasks)
+        free, _ = torch.cuda.mem_get_info()
+        budget = int(MEMORY_FRACTION * (free + torch.cuda.memory_reserved() - base) / per_token)
+        if max_batch_tokens > 0:
+            budget = min(budget, max_batch_tokens)
+        if budget < min_batch_tokens:
+            # A sequence the ingress accepts always runs, alone if need be: it must fit.
+            raise RuntimeError(f"GPU memory fits batches of {budget} tokens, fewer than "
+                               f"max_seq_tokens={min_batch_tokens}: lower max_seq_tokens")
+        logger.info("warm-up done: %.0f activation bytes per token; batch budget %d tokens",
+                    per_token, budget)
+        return budget
 
     def launch(self, tasks: list[ScoreTask]) -> Step:
         started = None
@@ -87,16 +131,12 @@ class Engine:
             for x in (input_ids, positions, score_rows, label_rows, label_ids)
         ]
         dev = [h.to(self.device, non_blocking=True) for h in host]
-        if self.flashinfer_attention is not None:
-            attend, plan_tensors = self.flashinfer_attention, self.flashinfer_attention.plan(
-                sequences, self.dtype)
-        else:
-            attend, plan_tensors = TorchAttention(sequences, self.device), ()
+        plan_tensors = self.attention.plan(sequences, self.dtype)
         with torch.inference_mode():
-            hidden = self.model.model(dev[0], dev[1], dev[2], self.ops, attend)
+            hidden = self.model.model(dev[0], dev[1], dev[2], self.ops, self.attention)
             out = self.model.label_logprobs(hidden, dev[3], dev[4])
         if not on_cuda:
-            return Step(tasks, tuple(host), out, None)
+            return Step(tasks, (*host, *plan_tensors), out, None)
         out_cpu = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)  # [N] fp32
         out_cpu.copy_(out, non_blocking=True)
         done = torch.cuda.Event(enable_timing=started is not None)

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from gpu_worker.model import PACKED_MODULES, CausalLMForScoring
-from gpu_worker.model_config import ModelConfig, ModelFolderError
+from ranker_contract.model_config import ModelConfig, ModelFolderError
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from gpu_worker.model_config import ModelConfig
+from ranker_contract.model_config import ModelConfig
+from ranker_contract.packing import PackedSequence
 
 # packed parameter -> the checkpoint's parameters, stacked along the output dimension
 PACKED_MODULES = {
@@ -24,6 +25,13 @@ PACKED_MODULES = {
 
 
 class AttentionBackend(Protocol):
+    """TorchAttention (gpu_worker/attention_torch.py) or FlashInferAttention: plan once per
+    batch from the packing metadata, then one call per layer."""
+
+    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Prepare the batch; returns tensors that must stay alive until it finished."""
+        ...
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] for the whole batch → [T, Hq, D]."""
         ...

@@ -1,12 +1,15 @@
-"""The scheduling loop: one thread per replica that owns the device.
+"""The scheduling loop: one thread per replica that owns the device, and its asyncio side.
 
 Each turn packs waiting tasks into a batch under a token budget, launches it, and only then
-finishes the previous batch (DESIGN.md §4): the device works on batch N+1 while the host reads
-batch N's results. With overlap=False the same code finishes every batch right after launching it.
+finishes the previous batch (docs/ARCHITECTURE.md, "The scheduler"): the device works on batch
+N+1 while the host reads batch N's results. With overlap=False the same code finishes every
+batch right after launching it. `run_job` is the replica's event-loop side: admission against
+the queued-token limit, then one future per sequence, settled from the loop thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import queue
@@ -14,7 +17,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpu_worker.engine import Engine, ScoreTask, Step
+from gpu_worker.engine import DoneCallback, Engine, ScoreTask, Step
+from ranker_contract.config import SchedulerConfig
+from ranker_contract.errors import ScorerOverloaded
+from ranker_contract.packing import ScoreJob
 
 logger = logging.getLogger(__name__)
 
@@ -39,17 +45,13 @@ class BatchRecord:
 
 
 class Scheduler:
-    def __init__(
-        self,
-        engine: Engine,
-        max_batch_tokens: int,
-        max_batch_sequences: int,
-        overlap: bool = True,
-    ) -> None:
+    def __init__(self, engine: Engine, cfg: SchedulerConfig) -> None:
+        """`cfg.max_batch_tokens` is the resolved budget here (Engine.batch_token_budget)."""
         self.engine = engine
-        self.max_batch_tokens = max_batch_tokens
-        self.max_batch_sequences = max_batch_sequences
-        self.overlap = overlap
+        self.max_batch_tokens = cfg.max_batch_tokens
+        self.max_batch_sequences = cfg.max_batch_sequences
+        self.overlap = cfg.overlap
+        self.max_queued_tokens = cfg.max_queued_tokens
         self._incoming: queue.SimpleQueue[ScoreTask] = queue.SimpleQueue()
         self._waiting: collections.deque[ScoreTask] = collections.deque()
         self._stop = threading.Event()
@@ -68,6 +70,27 @@ class Scheduler:
             self._queued[0] += task.num_tokens
             self._queued[1] += 1
         self._incoming.put(task)
+
+    async def run_job(self, job: ScoreJob) -> list[list[list[float]]]:
+        """Submit every sequence of a job and wait for all: per sequence, items × label log-probs.
+
+        Admission: with `max_queued_tokens` > 0 a job that would push the tokens waiting past it
+        raises ScorerOverloaded (nothing is queued). A job always gets in when nothing waits, so a
+        request larger than the limit is slow, never refused forever.
+        """
+        queued = self.depth().queued_tokens
+        tokens = sum(seq.num_tokens for seq in job.sequences)
+        if self.max_queued_tokens > 0 and queued > 0 and queued + tokens > self.max_queued_tokens:
+            raise ScorerOverloaded(queued, self.max_queued_tokens)
+        loop = asyncio.get_running_loop()
+        futures = []
+        for seq in job.sequences:
+            fut = loop.create_future()
+            # NOTE: if the request is cancelled (client gone, timeout), gather cancels these
+            # futures; the loop thread reads fut.cancelled() and drops the task unscored.
+            self.submit(ScoreTask(seq, job.label_ids, _resolver(loop, fut), fut.cancelled))
+            futures.append(fut)
+        return list(await asyncio.gather(*futures))
 
     def start(self) -> None:
         self._thread.start()
@@ -187,3 +210,19 @@ class Scheduler:
             self._inflight[0] += sum(t.num_tokens for t in tasks)
             self._inflight[1] += len(tasks)
         self._settle(tasks, exc)
+
+
+def _resolver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> DoneCallback:
+    def on_done(result):
+        loop.call_soon_threadsafe(_settle_future, fut, result)
+
+    return on_done
+
+
+def _settle_future(fut: asyncio.Future, result) -> None:
+    if fut.done():  # the caller went away
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
 from gpu_worker.loader import load_model  # noqa: E402
-from serve_app.packing import pack_multi_item  # noqa: E402
+from ranker_contract.packing import pack_multi_item  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "loadtest" / "results" / "bench_cpu_engine.json"
 Request = tuple[list[int], list[list[int]]]  # query, items

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
 from gpu_worker.loader import load_model  # noqa: E402
 from gpu_worker.scheduler import Scheduler  # noqa: E402
-from serve_app.packing import pack_multi_item, pack_plain  # noqa: E402
+from ranker_contract.packing import pack_multi_item, pack_plain  # noqa: E402
 
 LABELS = [9454, 2753]
 VOCAB = 151643

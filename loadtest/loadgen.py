@@ -129,6 +129,30 @@ async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Work
     return point, outcomes
 
 
+async def run_closed_loop(session: aiohttp.ClientSession, base_url: str, workload: Workload,
+                          concurrency: int, stop: asyncio.Event, *, timeout_s: float = 60.0,
+                          seed: int | str = 0) -> list[Outcome]:
+    """`concurrency` clients, each sending its next request as soon as the last one answered,
+    until `stop` is set. Closed loop: the service holds about `concurrency` requests at any
+    time however fast it is, so its queue depth does not depend on the machine's speed."""
+    url = base_url.rstrip("/") + "/v1/score"
+    factory = RequestFactory(workload, seed)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    outcomes: list[Outcome] = []
+
+    async def client() -> None:
+        while not stop.is_set():
+            body = factory.next_bytes()
+            sent = loop.time() - t0
+            kind = await send_one(session, url, body, workload.items, timeout_s)
+            outcomes.append(Outcome(sent, sent, loop.time() - t0, kind))
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    outcomes.sort(key=lambda o: o.intended)
+    return outcomes
+
+
 async def run_sweep(session: aiohttp.ClientSession, base_url: str, workload: Workload,
                     base: RateConfig, p99_bound_ms: float, *, rates: list[float] | None = None,
                     start_rate: float = 1.0, factor: float = 2.0, max_rate: float = 10000.0,

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
 from gpu_worker.loader import load_model  # noqa: E402
 from loadtest.bench_engine import LABELS, make_requests  # noqa: E402
-from serve_app.packing import pack_multi_item  # noqa: E402
+from ranker_contract.packing import pack_multi_item  # noqa: E402
 
 
 def main():

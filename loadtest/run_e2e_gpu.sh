@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_E
 source loadtest/gpu_service.sh
 stop_service  # a service left by an earlier run on this machine would answer in our place
 python3 scripts/make_random_model.py > /dev/null || exit 1
-python3 -m serve_app.check_config "$config" || exit 1
+python3 -m ranker_app.check_config "$config" || exit 1
 start_service "$config" "$out/serve.log"
 python3 -m loadtest.loadgen single --requests 200 --no-progress --out "$out/single.json"
 python3 loadtest/timing_probe.py --requests 100 --out "$out/timing_idle.json"

@@ -19,7 +19,7 @@ stop_service
 python3 scripts/make_random_model.py > /dev/null || exit 1
 config="$out/score-gpu-$mode.yaml"
 python3 -m loadtest.scale_config "$mode" "$config" || exit 1
-python3 -m serve_app.check_config "$config" || exit 1
+python3 -m ranker_app.check_config "$config" || exit 1
 start_service "$config" "$out/serve-$mode.log"
 if [ "$mode" = auto ]; then
   python3 -m loadtest.ramp --phases "$arg" --query-len 120 --items 10 --item-len 180 \

@@ -27,7 +27,7 @@ def variant(mode: str) -> dict:
         worker.pop("autoscaling_config")
         worker["num_replicas"] = int(mode[-1])
     elif mode == "auto":
-        config["applications"][0]["args"]["max_queued_tokens"] = 4_000_000
+        config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 4_000_000
     else:
         raise SystemExit(f"mode must be fixed1, fixed2 or auto, not {mode!r}")
     return config

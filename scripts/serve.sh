@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1
 CONFIG=${1:-configs/score.yaml}
-.venv/bin/python -m serve_app.check_config "$CONFIG"
+.venv/bin/python -m ranker_app.check_config "$CONFIG"
 exec .venv/bin/serve run "$CONFIG"

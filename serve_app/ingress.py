@@ -14,13 +14,15 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from gpu_worker.errors import ScorerOverloaded
+from ranker_contract.config import AppConfig
+from ranker_contract.errors import ScorerOverloaded
+from ranker_contract.model_config import ModelConfig
+from ranker_contract.packing import ScoreJob, merge_results
 from serve_app.metrics import IngressMetrics
-from serve_app.packing import ScoreJob
 from serve_app.protocol import ApiError, ErrorResponse, ScoreRequest, ScoreResponse, Usage
-from serve_app.scoring import score
+from serve_app.scoring import pack, to_scores, tokenize
 from serve_app.tokenizer import TextTokenizer
-from serve_app.validate import Limits, check_request, parse_body
+from serve_app.validate import ParsedRequest, check_request, parse_body
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,10 @@ _SCORE_OPENAPI = {
 }
 
 HEALTH_TIMEOUT_S = 5.0
-REPLICA_LOST_RETRIES = 1  # a job whose replica died is sent again once
+# A job whose replica died is sent again, after a pause that doubles each time: until Ray has
+# declared the killed actor dead, a send can reach it again and fail as "unavailable".
+REPLICA_LOST_RETRIES = 3
+REPLICA_LOST_BACKOFF_S = 0.25
 
 DEFAULT_OPTIONS = {
     "max_ongoing_requests": 256,
@@ -66,19 +71,15 @@ def _at_capacity(retry_after_s: float | None) -> ApiError:
 @serve.deployment(**DEFAULT_OPTIONS)
 @serve.ingress(app)
 class ScoreIngress:
-    def __init__(
-        self,
-        worker: DeploymentHandle,
-        model_path: str,
-        served_model_name: str,
-        vocab_size: int,
-        limits: Limits,
-    ) -> None:
+    def __init__(self, worker: DeploymentHandle, config: AppConfig) -> None:
+        model_path = config.resolved_model_path()
+        model = ModelConfig.from_folder(model_path)
         self.worker = worker
         self.tokenizer = TextTokenizer(model_path)
-        self.model_name = served_model_name
-        self.vocab_size = vocab_size
-        self.limits = limits
+        self.model_name = config.served_model_name
+        self.vocab_size = model.vocab_size
+        self.max_context = model.max_position_embeddings  # query + one item
+        self.limits = config.limits
         self.metrics = IngressMetrics()
 
     @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
@@ -105,22 +106,36 @@ class ScoreIngress:
     async def _score(self, request: Request, started: float) -> JSONResponse:
         # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with
         # the field named, instead of FastAPI's 422 list.
-        body = parse_body(await request.body(), self.limits)
-        parsed = check_request(body, self.limits, self.vocab_size)
-        parse_ms = (time.perf_counter() - started) * 1e3
-        result = await score(parsed, self.tokenizer, self.limits, self._call_worker)
-        if parsed.is_text:
-            self.metrics.tokenize_ms.observe(result.timings_ms.get("tokenize", 0.0))
+        req = check_request(parse_body(await request.body(), self.limits), self.limits,
+                            self.vocab_size)
+        parsed = time.perf_counter()
+        query, items = await self._tokenize(req)
+        tokenized = time.perf_counter()
+        sequences = pack(req, query, items, self.limits, self.max_context)  # [] for no items
+        packed = time.perf_counter()
+        results = await self._call_worker(ScoreJob(sequences, req.label_ids)) if sequences else []
+        scored = time.perf_counter()
+        logprobs = merge_results(sequences, results, len(items))
+        prompt_tokens = sum(s.num_tokens for s in sequences)
         response = ScoreResponse(
-            scores=result.scores,
-            model=parsed.model or self.model_name,
-            usage=Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
+            scores=[to_scores(row, req.apply_softmax) for row in logprobs],
+            model=req.model or self.model_name,
+            usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
         )
+        if req.is_text:
+            self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
         # Server-Timing (a standard header) lets clients and load tests see where time went.
-        timing = {"parse": parse_ms, **result.timings_ms,
-                  "ingress": (time.perf_counter() - started) * 1e3}
-        header = ", ".join(f"{name};dur={ms:.2f}" for name, ms in timing.items())
+        timing = {"parse": parsed - started, "tokenize": tokenized - parsed,
+                  "pack": packed - tokenized, "worker": scored - packed,
+                  "ingress": time.perf_counter() - started}
+        header = ", ".join(f"{name};dur={s * 1e3:.2f}" for name, s in timing.items())
         return JSONResponse(response.model_dump(), headers={"Server-Timing": header})
+
+    async def _tokenize(self, req: ParsedRequest) -> tuple[list[int], list[list[int]]]:
+        if not req.is_text:
+            return tokenize(req, self.tokenizer)
+        # In a thread: a megabytes-long text must not stall this replica's other requests.
+        return await asyncio.to_thread(tokenize, req, self.tokenizer)
 
     @app.get("/v1/models")
     async def models(self) -> dict:
@@ -152,6 +167,7 @@ class ScoreIngress:
                 logger.warning("scorer replica lost (%s); sending the job again",
                                type(exc).__name__)
                 self.metrics.retries.inc()
+                await asyncio.sleep(REPLICA_LOST_BACKOFF_S * 2**attempt)
             except Exception as exc:  # noqa: BLE001 - anything else is the server's fault
                 logger.exception("scoring failed")
                 raise ApiError(500, f"scoring failed: {type(exc).__name__}") from None

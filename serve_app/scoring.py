@@ -1,29 +1,18 @@
-"""From validated request to scores: tokenize, pack, call a scorer, turn log-probs into scores."""
+"""The steps of a score request between validation and the scorer, as plain functions:
+tokenize, pack (with the token-count limit), and log-probs to scores."""
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
-from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
-from serve_app.packing import PackingError, ScoreJob, merge_results, pack_request
+from ranker_contract.config import Limits
+from ranker_contract.packing import PackedSequence, PackingError, pack_request
 from serve_app.protocol import ApiError
 from serve_app.tokenizer import TextTokenizer
-from serve_app.validate import Limits, ParsedRequest, check_token_count
+from serve_app.validate import ParsedRequest, check_token_count
 
 # Any valid id works: nothing attends to a delimiter and its output is never read.
 DELIMITER_ID = 0
-
-ScoreFn = Callable[[ScoreJob], Awaitable[list[list[list[float]]]]]
-
-
-@dataclass(frozen=True, slots=True)
-class ScoreResult:
-    scores: list[list[float]]
-    prompt_tokens: int  # tokens sent to the model, delimiters included
-    timings_ms: dict[str, float] = field(default_factory=dict)  # tokenize, pack, worker
 
 
 def tokenize(req: ParsedRequest, tokenizer: TextTokenizer) -> tuple[list[int], list[list[int]]]:
@@ -34,34 +23,17 @@ def tokenize(req: ParsedRequest, tokenizer: TextTokenizer) -> tuple[list[int], l
     return query, items
 
 
-async def score(
-    req: ParsedRequest, tokenizer: TextTokenizer, limits: Limits, call_scorer: ScoreFn
-) -> ScoreResult:
-    started = time.perf_counter()
-    if req.is_text:
-        # In a thread: a megabytes-long text must not stall this replica's other requests.
-        query, items = await asyncio.to_thread(tokenize, req, tokenizer)
-    else:
-        query, items = tokenize(req, tokenizer)
-    tokenized = time.perf_counter()
-    if not items:
-        return ScoreResult([], 0)
+def pack(req: ParsedRequest, query: list[int], items: list[list[int]], limits: Limits,
+         max_context: int) -> list[PackedSequence]:
+    """The request's sequences (ranker_contract/packing.py); limits are 413/400 naming the item."""
     check_token_count(query, items, limits)
     try:
-        sequences = pack_request(
+        return pack_request(
             query, items, item_first=req.item_first, delimiter_id=DELIMITER_ID,
-            max_seq_tokens=limits.max_seq_tokens, max_context=limits.max_context,
+            max_seq_tokens=limits.max_seq_tokens, max_context=max_context,
         )
     except PackingError as exc:
         raise ApiError(400, f"items[{exc.item_index}]: {exc}", f"items[{exc.item_index}]") from None
-    packed = time.perf_counter()
-    results = await call_scorer(ScoreJob(sequences, req.label_ids))
-    scored = time.perf_counter()
-    logprobs = merge_results(sequences, results, len(items))
-    scores = [to_scores(row, req.apply_softmax) for row in logprobs]
-    timings = {"tokenize": (tokenized - started) * 1e3, "pack": (packed - tokenized) * 1e3,
-               "worker": (scored - packed) * 1e3}
-    return ScoreResult(scores, sum(s.num_tokens for s in sequences), timings)
 
 
 def to_scores(logprobs: list[float], apply_softmax: bool) -> list[float]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from gpu_worker.model_config import ModelFolderError
+from ranker_contract.model_config import ModelFolderError
 
 
 class TextTokenizer:

@@ -7,17 +7,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from ranker_contract.config import Limits
 from serve_app.protocol import ApiError, ScoreRequest
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_body_bytes: int = 16 * 1024 * 1024
-    max_items: int = 1024  # items per request
-    max_labels: int = 64  # label_token_ids per request
-    max_request_tokens: int = 65536  # query + all items, after tokenization
-    max_seq_tokens: int = 8192  # one packed sequence; bigger requests are split
-    max_context: int = 8192  # query + one item (the model's positions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +80,9 @@ def check_request(req: ScoreRequest, limits: Limits, vocab_size: int) -> ParsedR
     if not labels:
         raise ApiError(400, "label_token_ids is required and must be a nonempty list",
                        "label_token_ids")
-    if len(labels) > limits.max_labels:
+    if len(labels) > limits.max_labels_per_request:
         raise ApiError(400, f"label_token_ids has {len(labels)} ids; the limit is "
-                       f"{limits.max_labels}", "label_token_ids")
+                       f"{limits.max_labels_per_request}", "label_token_ids")
     for i, label in enumerate(labels):
         if not 0 <= label < vocab_size:
             raise ApiError(400, f"label_token_ids[{i}] = {label} is outside the vocabulary "
@@ -102,9 +93,9 @@ def check_request(req: ScoreRequest, limits: Limits, vocab_size: int) -> ParsedR
     if req.items is None:
         raise ApiError(400, "items must be provided", "items")
     items = [req.items] if isinstance(req.items, str) else req.items
-    if len(items) > limits.max_items:
-        raise ApiError(413, f"{len(items)} items; the limit is {limits.max_items} per request",
-                       "items")
+    if len(items) > limits.max_items_per_request:
+        raise ApiError(413, f"{len(items)} items; the limit is {limits.max_items_per_request} "
+                       "per request", "items")
     items_are_text = bool(items) and isinstance(items[0], str)
     query = req.query
     if query is None:
@@ -145,7 +136,7 @@ def _check_token_ids(ids: list[int], param: str, vocab_size: int) -> None:
 
 def check_token_count(query: list[int], items: list[list[int]], limits: Limits) -> int:
     total = len(query) + sum(len(item) for item in items)
-    if total > limits.max_request_tokens:
+    if total > limits.max_tokens_per_request:
         raise ApiError(413, f"the request has {total} tokens (query + items); the limit is "
-                       f"{limits.max_request_tokens}", "items")
+                       f"{limits.max_tokens_per_request}", "items")
     return total

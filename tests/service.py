@@ -54,9 +54,11 @@ def small_model_config(model_path) -> dict:
     """configs/score.yaml pointed at the small model, sized for a 2-core CI machine: one torch
     thread per scorer and short batches, so one scorer replica saturates at ~20 requests/s."""
     config = shipped_config()
-    config["applications"][0]["args"].update(
-        model_path=str(model_path), served_model_name="small-random", torch_threads=1,
-        max_batch_tokens=1024, max_seq_tokens=1024, max_tokens_per_request=8192)
+    args = config["applications"][0]["args"]
+    args.update(model_path=str(model_path), served_model_name="small-random")
+    args["engine"]["torch_threads"] = 1
+    args["scheduler"]["max_batch_tokens"] = 1024
+    args["limits"].update(max_seq_tokens=1024, max_tokens_per_request=8192)
     ingress = deployment(config, "ScoreIngress")
     ingress.pop("autoscaling_config")
     ingress.update(num_replicas=1)

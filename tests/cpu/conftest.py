@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gpu_worker.engine import Engine
-from gpu_worker.loader import load_model
+from ranker_contract.config import EngineConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO_ROOT / "models" / "smollm2-135m-instruct"
@@ -106,8 +106,7 @@ def engine_for():
 
     def get(path: Path) -> Engine:
         if path not in engines:
-            device = torch.device("cpu")
-            engines[path] = Engine(load_model(path, torch.float32, device), device)
+            engines[path] = Engine.from_config(path, EngineConfig())  # fp32, CPU, torch ops
         return engines[path]
 
     return get

@@ -1,28 +1,61 @@
 """Queue-depth autoscaling of the scorer against the real app (`serve run`, small model):
-a load ramp scales it from 1 replica up, and back to 1 after, with no failed request."""
+sustained load scales it from 1 replica up, and back to 1 after, with no failed request.
+
+The load is closed-loop (CONCURRENCY clients, each sending again as soon as it is answered), so
+the scorers' queue depth, the autoscaling signal, is the same on a fast or a busy machine; the
+test waits on the state it observes (replicas serving, processes left), with generous deadlines,
+and never asserts how long scaling took. That figure is a benchmark: `python -m loadtest.ramp`.
+"""
 
 import asyncio
-import json
-import os
-from pathlib import Path
+import time
 
-from loadtest.ramp import parse_phases, run_ramp, summarize, timeline
+from loadtest.loadgen import make_session, run_closed_loop
+from loadtest.prom import scrape, service_sample
+from loadtest.stats import OK
 from loadtest.workload import Workload
 from tests.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
                            stop_service, wait_until)
 
-# One scorer replica answers ~20 of these per second on the CI machine: 26/s overloads it.
-WORKLOAD = Workload(query_len=40, items=4, item_len=40, vocab=49152)
-PHASES = "10:4,30:26,40:4"
-# Target on a 16-core host is 15 s (loadtest/results/); this 2-core box is saturated by the
-# load itself while the new replica imports torch and loads its model.
-NEW_REPLICA_SERVING_BOUND_S = 30
+WORKLOAD = Workload(query_len=40, items=4, item_len=40, vocab=49152)  # ~200 tokens
+# 12 requests in the service ≈ 2,400 tokens queued or running: with target_tokens_per_replica
+# 1024 the policy asks for ceil(2400 / 1024) = 3 replicas whatever the machine's speed.
+CONCURRENCY = 12
+# Deadlines, not expectations: a new replica imports torch and loads its model on a 2-core box
+# that the load itself saturates (15-35 s seen on the CI machine; the deadline is 8x the worst).
+SCALE_UP_DEADLINE_S = 300
+SCALE_DOWN_DEADLINE_S = 300
 
 
-def test_ramp_scales_up_and_back_down_without_failures(small_model, tmp_path):
+def _serving_replicas(metrics_url: str, previous: dict[str, float]) -> int:
+    """Replicas whose items-scored counter grew since `previous` (updated in place)."""
+    now = service_sample(scrape(metrics_url)).items_scored
+    serving = sum(1 for replica, items in now.items() if items > previous.get(replica, 0))
+    previous.clear()
+    previous.update(now)
+    return serving
+
+
+async def _load_until_serving(url: str, metrics_url: str, replicas: int) -> tuple[list, float]:
+    """Closed-loop load until `replicas` scorers serve at once; returns (outcomes, seconds)."""
+    stop = asyncio.Event()
+    async with make_session() as session:
+        load = asyncio.create_task(run_closed_loop(session, url, WORKLOAD, CONCURRENCY, stop))
+        started, previous, serving = time.monotonic(), {}, 0
+        try:
+            while serving < replicas and time.monotonic() - started < SCALE_UP_DEADLINE_S:
+                await asyncio.sleep(1.0)
+                serving = await asyncio.to_thread(_serving_replicas, metrics_url, previous)
+        finally:
+            stop.set()
+            outcomes = await load
+    return outcomes, (time.monotonic() - started) if serving >= replicas else None
+
+
+def test_load_scales_scorers_up_and_back_down_without_failures(small_model):
     config = small_model_config(small_model)
-    # Nothing is refused here: the backlog of the ramp waits while replicas are added.
-    config["applications"][0]["args"]["max_queued_tokens"] = 0
+    # Nothing is refused here: the load waits while replicas are added.
+    config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 0
     ingress = deployment(config, "ScoreIngress")
     ingress.update(max_ongoing_requests=1024)
     for key in ("max_queued_requests", "backpressure_config"):
@@ -33,21 +66,15 @@ def test_ramp_scales_up_and_back_down_without_failures(small_model, tmp_path):
     worker["autoscaling_config"]["policy"]["policy_kwargs"] = {"target_tokens_per_replica": 1024}
     svc = start_service(config, FAST_METRICS_ENV)
     try:
-        processes = []
-        outcomes, ticks = asyncio.run(run_ramp(
-            svc.url, WORKLOAD, parse_phases(PHASES), metrics_url=svc.metrics_url(),
-            on_tick=lambda t: processes.append((t.t, len(svc.replica_processes("ScoreWorker"))))))
-        rows = timeline(outcomes, ticks, parse_phases(PHASES))
-        summary = summarize(outcomes, rows, parse_phases(PHASES))
-        out = Path(os.environ.get("RAMP_OUT", tmp_path / "ramp.json"))
-        out.write_text(json.dumps({"summary": summary, "timeline": rows,
-                                   "processes": processes}, indent=1))
-        print(f"\n{json.dumps(summary)}\nscorer processes over time: {processes}")
-        assert summary["failed"] == 0, summary
-        assert summary["max_serving_replicas"] >= 2, rows
-        assert summary["second_replica_serving_after_s"] <= NEW_REPLICA_SERVING_BOUND_S
-        # After the ramp the extra replicas drain (graceful shutdown) and stop.
-        wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 1, 90,
-                   "back to one scorer replica", svc)
+        assert len(svc.replica_processes("ScoreWorker")) == 1
+        outcomes, seconds = asyncio.run(_load_until_serving(svc.url, svc.metrics_url(), 2))
+        failures = [o.kind for o in outcomes if o.kind != OK]
+        print(f"\n{len(outcomes)} requests, failures {failures}; two scorers serving after "
+              f"{seconds} s of load")
+        assert seconds is not None, f"not two scorers serving after {SCALE_UP_DEADLINE_S} s"
+        assert outcomes and not failures
+        # Load gone: the extra replicas drain (graceful shutdown) and stop.
+        wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 1,
+                   SCALE_DOWN_DEADLINE_S, "back to one scorer replica", svc)
     finally:
         stop_service(svc)

@@ -4,7 +4,7 @@ import pytest
 from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.config import AutoscalingContext
 
-from serve_app.autoscaling_policy import QueueDepthPolicy
+from ranker_app.autoscaling_policy import QueueDepthPolicy
 
 DEPLOYMENT = DeploymentID(name="ScoreWorker", app_name="score")
 

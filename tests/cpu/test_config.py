@@ -1,5 +1,7 @@
-"""Config files and builder args are checked strictly; the ingress never imports torch."""
+"""Config files and builder args are checked strictly; the packages keep their layers: the
+ingress never imports torch, and neither side imports the other."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -8,9 +10,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gpu_worker.model_config import ModelFolderError
-from serve_app.app import AppArgs, build_app
-from serve_app.check_config import check_config
+from ranker_app.app import build_app
+from ranker_app.check_config import check_config
+from ranker_contract.config import AppConfig, EngineConfig, Limits, SchedulerConfig
+from ranker_contract.model_config import ModelFolderError
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -25,14 +28,15 @@ def test_shipped_configs_are_valid(path):
     "mutate",
     [
         lambda c: c["applications"][0]["deployments"][1].update(max_concurrent_queries=5),
-        lambda c: c["applications"][0]["args"].update(max_batch_token=5),
+        lambda c: c["applications"][0]["args"].update(max_batch_tokens=5),
+        lambda c: c["applications"][0]["args"]["scheduler"].update(max_batch_token=5),
         lambda c: c["applications"][0]["deployments"][1]["autoscaling_config"].update(
             target_num_ongoing_requests_per_replica=3),
         lambda c: c["applications"][0]["deployments"][0].update(name="Ingress"),
         lambda c: c.update(http_option={}),
     ],
-    ids=["old deployment key", "args typo", "old autoscaling key", "unknown deployment",
-         "top-level typo"],
+    ids=["old deployment key", "args key at the wrong level", "args typo", "old autoscaling key",
+         "unknown deployment", "top-level typo"],
 )
 def test_typos_that_serve_would_ignore_are_errors(tmp_path, mutate):
     config = yaml.safe_load((REPO / "configs" / "score.yaml").read_text())
@@ -45,19 +49,57 @@ def test_typos_that_serve_would_ignore_are_errors(tmp_path, mutate):
 
 def test_builder_args_reject_unknown_keys_and_bad_limits():
     with pytest.raises(ValidationError):
-        AppArgs.model_validate({"model_pth": "x"})
+        AppConfig.model_validate({"model_pth": "x"})
     with pytest.raises(ValidationError):
-        AppArgs(max_seq_tokens=9000, max_batch_tokens=8192)
+        AppConfig.model_validate({"engine": {"attention": "flash"}})
+    with pytest.raises(ValidationError):
+        AppConfig(limits=Limits(max_seq_tokens=9000),
+                  scheduler=SchedulerConfig(max_batch_tokens=8192))
+    with pytest.raises(ValidationError, match="needs device 'cuda'"):
+        EngineConfig(ops="cuda")
+    with pytest.raises(ValidationError, match="needs engine.device 'cuda'"):
+        AppConfig(scheduler=SchedulerConfig(max_batch_tokens=0))
+    with pytest.raises(ValidationError):  # frozen: settings never change after start
+        AppConfig().limits.max_seq_tokens = 5
 
 
 def test_missing_model_folder_names_the_prepare_command(tmp_path):
     with pytest.raises(ModelFolderError, match="scripts/prepare_model.py"):
-        build_app(AppArgs(model_path=str(tmp_path / "nowhere")))
+        build_app(AppConfig(model_path=str(tmp_path / "nowhere")))
 
 
 def test_ingress_modules_do_not_import_torch():
-    code = ("import sys, serve_app.ingress, serve_app.app, serve_app.scoring; "
+    code = ("import sys, serve_app.ingress, serve_app.scoring, ranker_app.app, "
+            "ranker_app.check_config, ranker_contract.config, ranker_contract.packing; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+# package -> the project packages it may import (besides itself)
+LAYERS = {
+    "ranker_contract": set(),
+    "serve_app": {"ranker_contract"},
+    "gpu_worker": {"ranker_contract"},
+    "ranker_app": {"ranker_contract", "serve_app", "gpu_worker"},
+}
+
+
+def _project_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found & LAYERS.keys()
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_packages_import_only_the_layers_below(package):
+    files = sorted((REPO / package).glob("*.py"))
+    assert files
+    wrong = {f"{f.name} imports {name}" for f in files
+             for name in _project_imports(f) - LAYERS[package] - {package}}
+    assert not wrong

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gpu_worker.engine import Engine, ScoreTask
-from serve_app.packing import pack_multi_item, pack_plain
+from ranker_contract.packing import pack_multi_item, pack_plain
 
 TOL = 1e-4
 # Keys of conftest.TINY_FAMILIES: every architecture variant the loader must handle.

@@ -14,7 +14,7 @@ import pytest
 
 from gpu_worker.engine import Engine
 
-from serve_app.packing import merge_results, pack_multi_item, pack_plain, pack_request
+from ranker_contract.packing import merge_results, pack_multi_item, pack_plain, pack_request
 
 # fp32 noise floor: on the 30-layer real model, merely batching the same plain sequences
 # differently (other GEMM shapes) already moves log-probs near -12 by up to ~2e-5.

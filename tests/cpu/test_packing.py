@@ -2,7 +2,7 @@
 
 import pytest
 
-from serve_app.packing import (
+from ranker_contract.packing import (
     PackingError,
     merge_results,
     multi_item_length,

@@ -14,7 +14,8 @@ import pytest
 
 from gpu_worker.engine import Engine, ScoreTask, Step
 from gpu_worker.scheduler import QueueDepth, Scheduler
-from serve_app.packing import PackedSequence, pack_multi_item, pack_plain
+from ranker_contract.config import SchedulerConfig
+from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 
 TIMEOUT_S = 30.0
 LABELS = [0, 5, 511]
@@ -101,7 +102,8 @@ def run_all(scheduler: Scheduler, seqs: list[PackedSequence]) -> list:
 def test_overlap_equals_synchronous_bitwise(engine, sequences, score_sequences):
     runs = {}
     for overlap in (True, False):
-        scheduler = Scheduler(engine, max_batch_tokens=120, max_batch_sequences=3, overlap=overlap)
+        scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=120, max_batch_sequences=3,
+                                                      overlap=overlap))
         runs[overlap] = (run_all(scheduler, sequences), scheduler.batches_run)
     assert runs[True][1] == runs[False][1] > 1  # several batches, so overlap really overlapped
     assert runs[True][0] == runs[False][0]  # exact floats
@@ -114,7 +116,7 @@ def test_overlap_equals_synchronous_bitwise(engine, sequences, score_sequences):
 
 def test_batches_across_requests(engine, sequences):
     spy = SpyEngine(engine)
-    scheduler = Scheduler(spy, max_batch_tokens=10_000, max_batch_sequences=5)
+    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=5))
     run_all(scheduler, sequences)
     assert [len(b) for b in spy.batches] == [5, 3]
     assert scheduler.batches_run == 2 < len(sequences)
@@ -127,7 +129,8 @@ def test_task_larger_than_budget_runs_alone(engine, sequences, score_sequences):
     assert big.num_tokens > budget and len(small) == 3
     spy = SpyEngine(engine)
     order = [small[0], big, small[1], small[2]]
-    results = run_all(Scheduler(spy, max_batch_tokens=budget, max_batch_sequences=8), order)
+    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=budget, max_batch_sequences=8))
+    results = run_all(scheduler, order)
     # The big task neither joins the batch before it nor takes the small ones after it along.
     assert spy.batches == [[id(small[0])], [id(big)], [id(small[1]), id(small[2])]]
     assert results[1] == score_sequences(engine, [big], LABELS)[0]
@@ -136,7 +139,7 @@ def test_task_larger_than_budget_runs_alone(engine, sequences, score_sequences):
 def test_failed_launch_fails_only_its_batch(engine, sequences):
     poisoned = sequences[1]
     spy = SpyEngine(engine, poisoned=(poisoned,))
-    scheduler = Scheduler(spy, max_batch_tokens=10_000, max_batch_sequences=2)
+    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=2))
     collector = Collector()
     for i, seq in enumerate(sequences[:4]):  # batches [0, 1*] and [2, 3]
         scheduler.submit(ScoreTask(seq, LABELS, collector.callback(i)))
@@ -166,7 +169,7 @@ def test_failed_launch_fails_only_its_batch(engine, sequences):
 
 def test_cancelled_task_is_dropped_unscored(engine, sequences):
     spy = SpyEngine(engine)
-    scheduler = Scheduler(spy, max_batch_tokens=10_000, max_batch_sequences=64)
+    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=64))
     collector = Collector()
     gone = threading.Event()
     gone.set()  # the caller of task 1 went away before the loop reached it

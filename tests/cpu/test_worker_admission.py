@@ -6,12 +6,13 @@ import pytest
 
 from gpu_worker.deployment import ScoreWorker
 from gpu_worker.engine import Engine, ScoreTask, Step
-from gpu_worker.errors import ScorerOverloaded
 from gpu_worker.scheduler import Scheduler
-from gpu_worker.worker import score_job
-from serve_app.packing import ScoreJob, pack_plain
+from ranker_contract.config import SchedulerConfig
+from ranker_contract.errors import ScorerOverloaded
+from ranker_contract.packing import ScoreJob, pack_plain
 
 LABELS = [0, 5]
+LIMITED = SchedulerConfig(max_batch_tokens=1000, max_batch_sequences=8, max_queued_tokens=100)
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +26,16 @@ def _job(tokens: int) -> ScoreJob:
 
 def test_job_past_the_queued_token_limit_is_refused_without_queueing(engine):
     # The loop is not started, so everything submitted stays queued.
-    scheduler = Scheduler(engine, max_batch_tokens=1000, max_batch_sequences=8)
+    scheduler = Scheduler(engine, LIMITED)
 
     async def scenario():
-        first = asyncio.ensure_future(score_job(scheduler, _job(60), max_queued_tokens=100))
+        first = asyncio.ensure_future(scheduler.run_job(_job(60)))
         await asyncio.sleep(0)  # let it enqueue
         assert scheduler.depth().queued_tokens == 60
         with pytest.raises(ScorerOverloaded, match="60 tokens already queued"):
-            await score_job(scheduler, _job(41), max_queued_tokens=100)
+            await scheduler.run_job(_job(41))
         assert scheduler.depth().queued_tokens == 60  # the refused job left nothing behind
-        second = asyncio.ensure_future(score_job(scheduler, _job(40), max_queued_tokens=100))
+        second = asyncio.ensure_future(scheduler.run_job(_job(40)))
         await asyncio.sleep(0)
         assert scheduler.depth().queued_tokens == 100  # exactly at the limit is accepted
         scheduler.start()
@@ -48,10 +49,10 @@ def test_job_past_the_queued_token_limit_is_refused_without_queueing(engine):
 
 
 def test_job_larger_than_the_limit_gets_in_when_nothing_waits(engine):
-    scheduler = Scheduler(engine, max_batch_tokens=1000, max_batch_sequences=8)
+    scheduler = Scheduler(engine, LIMITED)
     scheduler.start()
     try:
-        result = asyncio.run(score_job(scheduler, _job(150), max_queued_tokens=100))
+        result = asyncio.run(scheduler.run_job(_job(150)))
         assert len(result) == 1
     finally:
         scheduler.stop()
@@ -67,7 +68,7 @@ class _DyingEngine(Engine):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_health_check_fails_once_the_loop_thread_died(engine):
     worker = ScoreWorker.func_or_class.__new__(ScoreWorker.func_or_class)
-    worker.scheduler = Scheduler(_DyingEngine(engine.model, engine.device), 1000, 8)
+    worker.scheduler = Scheduler(_DyingEngine(engine.model, engine.device), LIMITED)
     worker.scheduler.start()
     worker.check_health()  # alive and idle
     worker.scheduler.submit(ScoreTask(_job(5).sequences[0], LABELS, lambda _: None))

@@ -36,9 +36,9 @@ def qwen3_path() -> Path:
 
 @pytest.fixture(scope="session")
 def fast_engine(qwen3_path):
-    """bf16, FlashInfer attention (fa2) and FlashInfer element-wise kernels."""
+    """bf16, FlashInfer attention (fa2) and the fused element-wise kernels."""
     from gpu_worker.engine import Engine
-    from gpu_worker.loader import load_model
+    from ranker_contract.config import EngineConfig
 
-    model = load_model(qwen3_path, torch.bfloat16, torch.device("cuda"))
-    return Engine(model, torch.device("cuda"), attention="flashinfer", ops="cuda")
+    return Engine.from_config(qwen3_path, EngineConfig(
+        device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda"))

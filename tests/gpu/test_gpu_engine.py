@@ -10,7 +10,8 @@ import torch
 
 from gpu_worker.engine import Engine, ScoreTask
 from gpu_worker.scheduler import Scheduler
-from serve_app.packing import pack_multi_item, pack_plain
+from ranker_contract.config import EngineConfig, SchedulerConfig
+from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import NO, YES
 
 LABELS = [YES, NO]
@@ -78,7 +79,8 @@ def test_empty_query_multi_item(fast_engine):
 
 
 def test_flashinfer_equals_torch_backend(fast_engine):
-    reference = Engine(fast_engine.model, fast_engine.device, attention="torch", ops="torch")
+    reference = Engine(fast_engine.model, fast_engine.device,
+                       EngineConfig(device="cuda", attention="torch", ops="torch"))
     rng = random.Random(3)
     sequences = [pack_multi_item(*_request(rng), 0), pack_plain(_request(rng)[0], 0),
                  pack_multi_item(*_request(rng, 40, (5, 0, 300)), 0)]
@@ -91,7 +93,8 @@ def test_flashinfer_equals_torch_backend(fast_engine):
 
 def _scheduled(engine, sequences, overlap):
     results = {}
-    scheduler = Scheduler(engine, max_batch_tokens=4096, max_batch_sequences=64, overlap=overlap)
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=4096, max_batch_sequences=64,
+                                                  overlap=overlap))
     for i, seq in enumerate(sequences):  # all queued before start: identical batches
         scheduler.submit(ScoreTask(seq, LABELS, lambda r, i=i: results.__setitem__(i, r)))
     scheduler.start()

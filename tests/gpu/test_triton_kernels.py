@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from gpu_worker.model import Attention
-from gpu_worker.model_config import ModelConfig
 from gpu_worker.ops import TorchOps, _rope_cache
 from gpu_worker.qkv_kernel import qkv_prepare
+from ranker_contract.model_config import ModelConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: only under TRITON_INTERPRET=1
 

@@ -1,4 +1,4 @@
-"""Strict check of a Serve config file: `python -m serve_app.check_config configs/score.yaml`.
+"""Strict check of a Serve config file: `python -m ranker_app.check_config configs/score.yaml`.
 
 Serve's own schema silently ignores unknown keys (a typo like `max_concurrent_queries` runs with
 the default). This checks the file against Serve's schema AND against strict models of the keys
@@ -14,8 +14,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from serve_app.app import AppArgs
-from serve_app.autoscaling_policy import QueueDepthPolicy
+from ranker_app.autoscaling_policy import QueueDepthPolicy
+from ranker_contract.config import AppConfig
 
 
 class _Strict(BaseModel):
@@ -23,7 +23,7 @@ class _Strict(BaseModel):
 
 
 class Policy(_Strict):
-    policy_function: Literal["serve_app.autoscaling_policy:QueueDepthPolicy"]
+    policy_function: Literal["ranker_app.autoscaling_policy:QueueDepthPolicy"]
     policy_kwargs: dict = {}
 
     @model_validator(mode="after")
@@ -83,9 +83,9 @@ class Deployment(_Strict):
 class Application(_Strict):
     name: str
     route_prefix: str | None = "/"
-    import_path: Literal["serve_app.app:build_app"]
+    import_path: Literal["ranker_app.app:build_app"]
     runtime_env: RuntimeEnv | None = None
-    args: AppArgs
+    args: AppConfig
     deployments: list[Deployment] = []
 
 
@@ -118,7 +118,7 @@ def check_config(path: str | Path) -> ServeConfig:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m serve_app.check_config CONFIG.yaml ...", file=sys.stderr)
+        print("usage: python -m ranker_app.check_config CONFIG.yaml ...", file=sys.stderr)
         return 2
     status = 0
     for path in argv:

@@ -2,7 +2,7 @@
 
 Configured in the YAML as `autoscaling_config.policy`:
 
-    policy_function: serve_app.autoscaling_policy:QueueDepthPolicy
+    policy_function: ranker_app.autoscaling_policy:QueueDepthPolicy
     policy_kwargs: {target_tokens_per_replica: 65536}
 
 Each replica reports its queue depth through `record_autoscaling_stats`; Serve averages every

@@ -1,0 +1,30 @@
+"""The Serve application builder named by `import_path` in configs/*.yaml."""
+
+# NOTE: no `from __future__ import annotations` here: Serve reads build_app's annotation at run
+# time to validate `args` into AppConfig, and a string annotation would hand us a plain dict.
+
+import logging
+
+from ray.serve import Application
+
+from ranker_contract.config import AppConfig
+from ranker_contract.model_config import ModelFolderError
+
+logger = logging.getLogger(__name__)
+
+PREPARE_COMMAND = "python scripts/prepare_model.py  (or: bash scripts/setup.sh)"
+
+
+def build_app(args: AppConfig) -> Application:
+    from gpu_worker.deployment import ScoreWorker
+    from serve_app.ingress import ScoreIngress
+
+    model_path = args.resolved_model_path()
+    if not (model_path / "config.json").is_file():
+        raise ModelFolderError(
+            f"model folder {model_path} is missing or has no config.json; "
+            f"to create the default model run: {PREPARE_COMMAND}"
+        )
+    config = args.model_copy(update={"model_path": str(model_path)})
+    logger.info("building score app: %s", config)
+    return ScoreIngress.bind(ScoreWorker.bind(config), config)

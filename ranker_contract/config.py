@@ -1,0 +1,86 @@
+"""The service's settings: the `args:` of configs/*.yaml, as one typed, frozen tree.
+
+    AppConfig
+    ├── model_path, served_model_name
+    ├── limits     Limits           what one request may be (ingress; max_seq_tokens: both sides)
+    ├── engine     EngineConfig     how a scorer replica computes (device, dtype, kernels)
+    └── scheduler  SchedulerConfig  how a scorer replica batches and admits work
+
+Every default and every check is written here once. Serve validates the YAML `args` into
+AppConfig (the annotation of ranker_app.app.build_app); each side reads its part of it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Settings(BaseModel):
+    # Unknown keys are errors (Serve itself would ignore them); nothing changes after start.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Limits(_Settings):
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="request body")
+    max_items_per_request: int = Field(1024, gt=0)
+    max_labels_per_request: int = Field(64, gt=0)
+    max_tokens_per_request: int = Field(65536, gt=0, description="query + all items, tokenized")
+    max_seq_tokens: int = Field(8192, gt=1, description="one packed sequence; longer requests "
+                                "are split at item boundaries")
+
+
+class EngineConfig(_Settings):
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    attention: Literal["torch", "flashinfer"] = Field(
+        "torch", description="torch: SDPA + explicit multi-item mask; flashinfer: GPU")
+    ops: Literal["torch", "cuda"] = Field(
+        "torch", description="element-wise kernels: torch (HF's order) or cuda (fused, GPU)")
+    flashinfer_backend: Literal["fa2", "fa3"] = Field(
+        "fa2", description="fa2 measured faster for multi-item attention")
+    fp32_residual: bool = Field(True, description="ops cuda: fp32 residual stream (~4% slower)")
+    torch_threads: int = Field(0, ge=0, description="CPU only; 0 = one per core")
+
+    @model_validator(mode="after")
+    def _gpu_kernels_need_cuda(self) -> EngineConfig:
+        for name, gpu_only in (("attention", "flashinfer"), ("ops", "cuda")):
+            if getattr(self, name) == gpu_only and self.device != "cuda":
+                raise ValueError(f"{name} {gpu_only!r} needs device 'cuda'")
+        return self
+
+
+class SchedulerConfig(_Settings):
+    max_batch_tokens: int = Field(8192, ge=0, description="tokens per forward across requests; "
+                                  "0: derived from free GPU memory")
+    max_batch_sequences: int = Field(256, gt=0)
+    overlap: bool = Field(True, description="launch batch N+1 before finishing batch N")
+    max_queued_tokens: int = Field(0, ge=0, description="per replica; a job beyond → 503; "
+                                   "0 = no limit")
+
+
+class AppConfig(_Settings):
+    model_path: str = Field("models/smollm2-135m-instruct",
+                            description="HF folder; relative paths start at the repository")
+    served_model_name: str = "smollm2-135m-instruct"
+    limits: Limits = Limits()
+    engine: EngineConfig = EngineConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AppConfig:
+        budget = self.scheduler.max_batch_tokens
+        if 0 < budget < self.limits.max_seq_tokens:
+            raise ValueError("limits.max_seq_tokens must not exceed scheduler.max_batch_tokens")
+        if budget == 0 and self.engine.device != "cuda":
+            raise ValueError("scheduler.max_batch_tokens = 0 (from free memory) needs "
+                             "engine.device 'cuda'")
+        return self
+
+    def resolved_model_path(self) -> Path:
+        path = Path(self.model_path)
+        return path if path.is_absolute() else REPO_ROOT / path

@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
-from gpu_worker.loader import load_model  # noqa: E402
+from ranker_contract.config import EngineConfig  # noqa: E402
 from ranker_contract.packing import pack_multi_item  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "loadtest" / "results" / "bench_cpu_engine.json"
@@ -108,8 +108,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(args.threads)
-    device = torch.device("cpu")
-    engine = Engine(load_model(args.model, torch.float32, device), device)
+    engine = Engine.from_config(args.model, EngineConfig(torch_threads=args.threads))
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     rng = random.Random(args.seed)
     warm = make_requests(args.warmup, args, engine.vocab_size, rng)

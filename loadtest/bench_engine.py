@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
 from gpu_worker.loader import load_model  # noqa: E402
 from gpu_worker.scheduler import Scheduler  # noqa: E402
+from ranker_contract.config import EngineConfig, SchedulerConfig  # noqa: E402
 from ranker_contract.packing import pack_multi_item, pack_plain  # noqa: E402
 
 LABELS = [9454, 2753]
@@ -51,7 +52,8 @@ def run_scheduler(engine, sequences, budget, overlap, timing=False):
             failures.append(result)
         done.release()
 
-    scheduler = Scheduler(engine, budget, 4096, overlap)
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=budget, max_batch_sequences=4096,
+                                                  overlap=overlap))
     engine.step_events = [] if timing else None
     for seq in sequences:
         scheduler.submit(ScoreTask(seq, LABELS, on_done))
@@ -165,7 +167,11 @@ def main():
                          "batches": batches, "gpu_idle_share": idle}
         table.append((name, n_items / seconds, batches, idle))
 
-    fast = Engine(model, device, attention="flashinfer", ops="cuda")
+    def engine_with(**kw):
+        return Engine(model, device, EngineConfig(device="cuda", dtype="bfloat16",
+                                                  attention="flashinfer", ops="cuda").model_copy(update=kw))
+
+    fast = engine_with()
     bench("engine", fast, multi, timing=True)
     if "sync" in modes:
         bench("sync (overlap off)", fast, multi, overlap=False, timing=True)
@@ -173,12 +179,11 @@ def main():
         plain = [pack_plain(q + item, 0) for q, items in requests for item in items]
         bench("one sequence per item", fast, plain)
     if "torch_ops" in modes:
-        bench("torch element-wise ops", Engine(model, device, "flashinfer", "torch"), multi)
+        bench("torch element-wise ops", engine_with(ops="torch"), multi)
     if "bf16_residual" in modes:
-        bench("bf16 residual stream", Engine(model, device, "flashinfer", "cuda",
-                                             fp32_residual=False), multi)
+        bench("bf16 residual stream", engine_with(fp32_residual=False), multi)
     if "fa3" in modes:
-        bench("fa3 attention", Engine(model, device, "flashinfer", "cuda", "fa3"), multi)
+        bench("fa3 attention", engine_with(flashinfer_backend="fa3"), multi)
 
     tokens_per_request = multi[0].num_tokens
     rate, linear_flops_per_token_layer = matmul_rate(cfg, args.budget // 2)

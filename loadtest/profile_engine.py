@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
-from gpu_worker.loader import load_model  # noqa: E402
+from ranker_contract.config import EngineConfig  # noqa: E402
 from loadtest.bench_engine import LABELS, make_requests  # noqa: E402
 from ranker_contract.packing import pack_multi_item  # noqa: E402
 
@@ -29,9 +29,8 @@ def main():
     p.add_argument("--requests", type=int, default=33)
     p.add_argument("--rows", type=int, default=25)
     args = p.parse_args()
-    device = torch.device("cuda")
-    engine = Engine(load_model(args.model, torch.bfloat16, device), device, "flashinfer",
-                    "cuda")
+    engine = Engine.from_config(args.model, EngineConfig(device="cuda", dtype="bfloat16",
+                                                         attention="flashinfer", ops="cuda"))
     tasks = [ScoreTask(pack_multi_item(q, items, 0), LABELS, lambda _: None)
              for q, items in make_requests(args.requests, 120, 10, 180, seed=0)]
     for _ in range(3):

@@ -128,7 +128,7 @@ def matmul_rate(cfg, tokens):
 def attention_seconds(engine, sequences):
     """FlashInfer multi-item attention for one layer over `sequences`, median seconds."""
     cfg = engine.model.config
-    attn = engine.flashinfer_attention
+    attn = engine.attention
     keep = attn.plan(sequences, torch.bfloat16)  # noqa: F841 - alive while timing
     t = sum(s.num_tokens for s in sequences)
     q = torch.randn(t, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)

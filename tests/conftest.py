@@ -5,7 +5,8 @@ import os
 import httpx
 import pytest
 
-from tests.service import make_small_model, shipped_config, start_service, stop_service
+from tests.service import (make_small_model, shipped_config, small_model_config, start_service,
+                           stop_service)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -32,3 +33,15 @@ def small_model(tmp_path_factory):
     """A fast random Llama with the default model's tokenizer, for load and fault tests."""
     return make_small_model(tmp_path_factory.mktemp("small-model"))
 
+
+
+@pytest.fixture(scope="session")
+def small_server_url(small_model):
+    """configs/score.yaml on the small random model, max_seq_tokens 1024 (tests/service.py):
+    a request split into several sequences costs a fraction of a second here, where the real
+    model needs 25-40 s of CPU for the 4,097 tokens that split under the shipped 4,096."""
+    service = start_service(small_model_config(small_model))
+    try:
+        yield service.url
+    finally:
+        stop_service(service)

@@ -1,7 +1,9 @@
-"""/v1/score semantics over real HTTP against the default model (SmolLM2-135M-Instruct)."""
+"""/v1/score semantics over real HTTP against the default model (SmolLM2-135M-Instruct), and
+splitting a request into several sequences against the small random model."""
 
 import math
 
+import httpx
 from transformers import AutoTokenizer
 
 from tests.service import DEFAULT_MODEL
@@ -76,14 +78,17 @@ def test_item_first_scores_item_then_query(client):
         assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(row, alone))
 
 
-def test_request_split_into_several_sequences_keeps_item_order(client):
-    # 24 items × 200 tokens exceed max_seq_tokens (4096 in configs/score.yaml): split in two.
+def test_request_split_into_several_sequences_keeps_item_order(small_server_url):
+    # 24 items × 60 tokens exceed max_seq_tokens (1024 on the small model's service): the
+    # request is split into two sequences and merged back in item order.
     query = list(range(100, 130))
-    items = [[1000 + 7 * k + j for j in range(200)] for k in range(24)]
-    packed = _score(client, query=query, items=items)["scores"]
-    for k in (0, 13, 23):
-        alone = _score(client, query=query, items=[items[k]])["scores"][0]
-        assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(packed[k], alone))
+    items = [[1000 + 7 * k + j for j in range(60)] for k in range(24)]
+    with httpx.Client(base_url=small_server_url, timeout=120) as small:
+        packed = _score(small, query=query, items=items)
+        assert packed["usage"]["prompt_tokens"] > 1024  # more than one sequence
+        for k in (0, 13, 23):
+            alone = _score(small, query=query, items=[items[k]])["scores"][0]
+            assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(packed["scores"][k], alone))
 
 
 def test_sanity_true_answer_gets_the_highest_yes(client):

@@ -11,7 +11,8 @@ each request is sent at its time whatever the state of earlier ones; a response 
 before the next send (`send_schedule`, also used by loadtest/ramp.py). Requests of the warm-up
 period are sent but left out of the stats. Every body carries fresh random token ids (seeded), so
 no two requests are alike. Latency runs from the scheduled send time to the end of the response
-body; `send_lag_ms` shows how late the client itself was. Stats definitions: loadtest/stats.py::aggregate. JSON written by --out:
+body; `send_lag_ms` shows how late the client itself was. Stats definitions:
+loadtest/stats.py::aggregate. JSON written by --out:
   {"meta": {...}, "config": {...}, "workload": {...}, "result": point}               (run)
   {..., "p99_bound_ms", "points": [point, ...], "best": point | null, "plot": path}  (sweep)
   {..., "result": {"requests", "successes", "failed", "failures", "latency_ms"}}      (single)

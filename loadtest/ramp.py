@@ -5,8 +5,9 @@ Usage: python -m loadtest.ramp --url http://127.0.0.1:8000 --phases 20:5,60:40,9
        [--metrics-url auto] [--query-len 40 --items 4 --item-len 40 --vocab 49152 --text natural]
        [--out docs/results/ramp.json] [--plot docs/results/ramp.png]
 
-`--phases` is DURATION_S:RATE,...; arrivals are Poisson, sent by loadgen's open-loop sender. `--metrics-url auto` reads the port of the
-newest local Ray session. Plot afterwards with `python -m loadtest.plot_timeline ramp.json`.
+`--phases` is DURATION_S:RATE,...; arrivals are Poisson, sent by loadgen's open-loop sender.
+`--metrics-url auto` reads the port of the newest local Ray session. Plot afterwards with
+`python -m loadtest.plot_timeline ramp.json`.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ async def run_ramp(base_url: str, workload: Workload, phases: list[Phase], *,
         t0 = loop.time()  # one origin for send times and samples
         sampling = asyncio.create_task(sampler())
         outcomes = await send_schedule(session, base_url, schedule(phases, seed),
-                                       RequestFactory(workload, seed), timeout_s=timeout_s, start=t0)
+                                       RequestFactory(workload, seed), timeout_s=timeout_s,
+                                       start=t0)
         finished.set()
         await sampling
     return outcomes, ticks

@@ -106,7 +106,7 @@ def test_request_bodies_are_fresh_token_ids_in_range():
         assert b["label_token_ids"] == [10539, 5230]
 
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct" / "tokenizer.json"
+TOKENIZER = Path(__file__).resolve().parents[2] / "models/smollm2-135m-instruct/tokenizer.json"
 
 
 @pytest.mark.parametrize("mode", ["repeat", "natural"])

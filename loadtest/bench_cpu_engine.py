@@ -1,16 +1,19 @@
 """CPU throughput of our engine (multi-item packing) against HF transformers on the same model.
 
-Usage: python loadtest/bench_cpu_engine.py [--requests 20] [--threads N]
+Usage: python -m loadtest.bench_cpu_engine [--requests 20] [--threads N] [--model PATH]
 
-Workload per request: a query of --query-len random token ids and --items items of --item-len
-tokens, scored for the labels "Yes"/"No" (SmolLM2 ids). Compared in one process, fp32, same folder:
+The engine is built from configs/score.yaml (model, device, dtype) as the service builds it;
+--threads overrides engine.torch_threads, --model the model folder. Workload per request
+(loadtest/workload.py, seeded): a query of --query-len random token ids and --items items of
+--item-len tokens, scored for the labels "Yes"/"No" (SmolLM2 ids). Compared in one process, same
+model folder and dtype (HF baseline: loadtest/hf_baseline.py):
 - engine: each request as one packed sequence `Q D I_1 ... D I_n D`, one request per launch;
 - engine_batched: --batch-requests such sequences per launch;
 - hf: one forward per query+item (the query is recomputed for every item);
 - hf_batched: one [items, query+item] batch per request (equal lengths: no padding).
 HF gets its best settings here: no KV cache, logits only for the last position.
 Modes are interleaved request by request, so that load from other processes hits all alike.
-Prints one result line; writes JSON to loadtest/results/bench_cpu_engine.json.
+Prints one result line; writes JSON to docs/results/bench_cpu_engine.json.
 """
 
 from __future__ import annotations
@@ -19,33 +22,24 @@ import argparse
 import json
 import os
 import platform
-import random
 import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch
-from tqdm import tqdm
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
+import torch  # noqa: E402 - after HF_HUB_OFFLINE
+from tqdm import tqdm  # noqa: E402
 
 from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
-from ranker_contract.config import EngineConfig  # noqa: E402
+from loadtest import REPO_ROOT, RESULTS_DIR  # noqa: E402
+from loadtest.configs import shipped_app_config  # noqa: E402
+from loadtest.hf_baseline import HFBaseline  # noqa: E402
+from loadtest.workload import RequestFactory, Workload  # noqa: E402
 from ranker_contract.packing import pack_multi_item  # noqa: E402
 
-DEFAULT_OUT = REPO_ROOT / "loadtest" / "results" / "bench_cpu_engine.json"
+CONFIG = "score.yaml"
 Request = tuple[list[int], list[list[int]]]  # query, items
-
-
-def make_requests(n: int, args, vocab: int, rng: random.Random) -> list[Request]:
-    def toks(k: int) -> list[int]:
-        return [rng.randrange(vocab) for _ in range(k)]
-
-    return [(toks(args.query_len), [toks(args.item_len) for _ in range(args.items)])
-            for _ in range(n)]
 
 
 def engine_scores(
@@ -54,18 +48,6 @@ def engine_scores(
     tasks = [ScoreTask(pack_multi_item(q, items, delimiter_id=0), labels, lambda _: None)
              for q, items in batch]
     return engine.finish(engine.launch(tasks))
-
-
-def hf_scores(hf, request: Request, labels: list[int], batched: bool) -> list[list[float]]:
-    query, items = request
-    seqs = [query + item for item in items]
-    groups = [seqs] if batched else [[s] for s in seqs]
-    rows = []
-    with torch.inference_mode():
-        for group in groups:
-            logits = hf(torch.tensor(group), use_cache=False, logits_to_keep=1).logits[:, -1]
-            rows += torch.log_softmax(logits.float(), dim=-1)[:, labels].tolist()
-    return rows
 
 
 def interleaved(modes: dict, groups: list[list[Request]]) -> list[tuple[str, object]]:
@@ -92,7 +74,7 @@ def run_timed(modes: dict, order: list, bar: tqdm) -> tuple[dict[str, float], di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=REPO_ROOT / "models/smollm2-135m-instruct")
+    parser.add_argument("--model", type=Path, help=f"default: model_path of configs/{CONFIG}")
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--query-len", type=int, default=100)
@@ -100,27 +82,29 @@ def main() -> None:
     parser.add_argument("--item-len", type=int, default=20)
     parser.add_argument("--batch-requests", type=int, default=4)
     parser.add_argument("--labels", type=int, nargs="+", default=[10539, 5230])  # "Yes", "No"
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads (engine.torch_threads)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_cpu_engine.json")
     args = parser.parse_args()
 
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(args.threads)
-    engine = Engine.from_config(args.model, EngineConfig(torch_threads=args.threads))
-    hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    rng = random.Random(args.seed)
-    warm = make_requests(args.warmup, args, engine.vocab_size, rng)
-    reqs = make_requests(args.requests, args, engine.vocab_size, rng)
+    app = shipped_app_config(CONFIG)
+    args.model = args.model or app.resolved_model_path()
+    engine_cfg = app.engine.model_copy(update={"torch_threads": args.threads})
+    engine = Engine.from_config(args.model, engine_cfg)  # also sets torch's thread count
+    hf = HFBaseline(args.model, engine_cfg.device, getattr(torch, engine_cfg.dtype))
+    factory = RequestFactory(Workload(args.query_len, args.items, args.item_len,
+                                      tuple(args.labels), engine.vocab_size), args.seed)
+    warm = [factory.token_ids() for _ in range(args.warmup)]
+    reqs = [factory.token_ids() for _ in range(args.requests)]
     groups = [reqs[i : i + args.batch_requests] for i in range(0, len(reqs), args.batch_requests)]
     labels = args.labels
 
     modes = {  # name -> function of one unit (a request, or a group for engine_batched)
         "engine": lambda r: engine_scores(engine, [r], labels)[0],
         "engine_batched": lambda g: [x for rows in engine_scores(engine, g, labels) for x in rows],
-        "hf": lambda r: hf_scores(hf, r, labels, batched=False),
-        "hf_batched": lambda r: hf_scores(hf, r, labels, batched=True),
+        "hf": lambda r: hf.score_request(*r, labels, batched=False),
+        "hf_batched": lambda r: hf.score_request(*r, labels, batched=True),
     }
     warm_order, order = interleaved(modes, [warm]), interleaved(modes, groups)
     load_before = os.getloadavg()
@@ -142,7 +126,7 @@ def main() -> None:
         "speedup_vs_hf_per_item": rate["engine"] / rate["hf"],
         "seconds": seconds,
         "max_abs_logprob_diff_vs_hf": max_diff,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": " ".join([Path(sys.executable).name, "-m", __spec__.name, *sys.argv[1:]]),
         "cpu_count": os.cpu_count(),
         "cpu_model": _cpu_model(),
         "torch_threads": torch.get_num_threads(),
@@ -151,7 +135,8 @@ def main() -> None:
         "workload": {
             "model": str(args.model.relative_to(REPO_ROOT) if args.model.is_relative_to(REPO_ROOT)
                          else args.model),
-            "dtype": "float32",
+            "dtype": engine_cfg.dtype,
+            "config": f"configs/{CONFIG}",
             "requests": args.requests,
             "warmup_requests": args.warmup,
             "query_tokens": args.query_len,

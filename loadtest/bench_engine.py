@@ -1,21 +1,25 @@
 """Offline GPU throughput of the engine on the SGLang multi-item bench workload.
 
-Usage: python loadtest/bench_engine.py [--requests 512] [--model models/qwen3-0.6b-random]
-       [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3] [--no-hf]
+Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.6b-random]
+       [--budget 65536] [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3] [--no-hf]
 
-Workload: per request a 120-token query and 10 items of 180 tokens, random real-vocabulary ids
-(seeded, different per request), labels 9454/2753; Qwen3-0.6B shape, bf16. All requests are
-queued to the scheduler, which packs them by its token budget; items/s = items / wall time.
-In the same run: HF transformers (bf16, SDPA, one sequence per item, batched), the bf16 matmul
-rate on the model's linear shapes, FlashInfer multi-item attention time per layer, and the
-resulting compute ceiling. Prints one table; writes JSON to loadtest/results/bench_engine.json.
+Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
+(Engine.from_config, then the batch budget from Engine.batch_token_budget); --model and --budget
+(scheduler.max_batch_tokens; the YAML's 32768 by default, the results of 2026-11-21 in
+docs/BENCHMARKS.md used 65536) override it, and each ablation mode changes one engine or
+scheduler setting of it. Workload (loadtest/workload.py, seed 0): per request a 120-token query
+and 10 items of 180 tokens, random real-vocabulary ids, different per request, labels 9454/2753.
+All requests are queued to the scheduler, which packs them by its token budget; items/s = items
+/ wall time. In the same run: HF transformers (loadtest/hf_baseline.py: bf16, SDPA, one sequence
+per item, batched), the bf16 matmul rate on the model's linear shapes, FlashInfer multi-item
+attention time per layer, and the resulting compute ceiling. Prints one table; writes JSON to
+docs/results/bench_engine.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import threading
 import time
@@ -23,27 +27,52 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from gpu_worker.engine import Engine, ScoreTask, Step
+from gpu_worker.scheduler import Scheduler
+from loadtest import RESULTS_DIR
+from loadtest.configs import shipped_app_config
+from loadtest.hf_baseline import HFBaseline
+from loadtest.workload import RequestFactory, Workload
+from ranker_contract.config import SchedulerConfig
+from ranker_contract.packing import pack_multi_item, pack_plain
 
-from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
-from gpu_worker.loader import load_model  # noqa: E402
-from gpu_worker.scheduler import Scheduler  # noqa: E402
-from ranker_contract.config import EngineConfig, SchedulerConfig  # noqa: E402
-from ranker_contract.packing import pack_multi_item, pack_plain  # noqa: E402
-
-LABELS = [9454, 2753]
-VOCAB = 151643
-
-
-def make_requests(n, query_len, items, item_len, seed):
-    rng = random.Random(seed)
-    toks = lambda k: [rng.randrange(VOCAB) for _ in range(k)]  # noqa: E731
-    return [(toks(query_len), [toks(item_len) for _ in range(items)]) for _ in range(n)]
+CONFIG = "score-gpu.yaml"
+# mode -> the engine settings it changes (the "engine" mode runs the shipped ones)
+ENGINE_ABLATIONS = {
+    "torch_ops": ("torch element-wise ops", {"ops": "torch"}),
+    "bf16_residual": ("bf16 residual stream", {"fp32_residual": False}),
+    "fa3": ("fa3 attention", {"flashinfer_backend": "fa3"}),
+}
 
 
-def run_scheduler(engine, sequences, budget, overlap, timing=False):
-    """Seconds to score every sequence through the real scheduling loop, and GPU idle share."""
+class StepTimer:
+    """An engine as the scheduler uses it (launch, finish) with a CUDA event pair around every
+    launch, started before the host prepares the batch: the GPU's busy time per step."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def launch(self, tasks: list[ScoreTask]) -> Step:
+        started, done = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        started.record()
+        step = self.engine.launch(tasks)
+        done.record()  # after everything launch() queued, like the step's own `done`
+        self.events.append((started, done))
+        return step
+
+    def finish(self, step: Step) -> list[list[list[float]]]:
+        return self.engine.finish(step)
+
+    def idle_share(self) -> float:
+        """Share of the time from the first launch to the last step's end with no step queued."""
+        busy = sum(s.elapsed_time(e) for s, e in self.events)
+        return 1 - busy / self.events[0][0].elapsed_time(self.events[-1][1])
+
+
+def run_scheduler(engine: Engine | StepTimer, sequences, cfg: SchedulerConfig,
+                  labels: list[int]) -> tuple[float, int]:
+    """Seconds to score every sequence through the real scheduling loop, and batches run."""
     done = threading.Semaphore(0)
     failures: list[BaseException] = []
 
@@ -52,11 +81,9 @@ def run_scheduler(engine, sequences, budget, overlap, timing=False):
             failures.append(result)
         done.release()
 
-    scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=budget, max_batch_sequences=4096,
-                                                  overlap=overlap))
-    engine.step_events = [] if timing else None
+    scheduler = Scheduler(engine, cfg)
     for seq in sequences:
-        scheduler.submit(ScoreTask(seq, LABELS, on_done))
+        scheduler.submit(ScoreTask(seq, labels, on_done))
     torch.cuda.synchronize()
     start = time.perf_counter()
     scheduler.start()
@@ -66,35 +93,7 @@ def run_scheduler(engine, sequences, budget, overlap, timing=False):
     scheduler.stop()
     if failures:
         raise RuntimeError(f"{len(failures)} sequences failed") from failures[0]
-    idle = None
-    if timing and engine.step_events:
-        events = engine.step_events
-        busy = sum(s.elapsed_time(e) for s, e in events)
-        total = events[0][0].elapsed_time(events[-1][1])
-        idle = 1 - busy / total
-    engine.step_events = None
-    return seconds, scheduler.batches_run, idle
-
-
-def hf_items_per_s(path, requests, batch_items):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-    seqs = [q + item for q, items in requests for item in items]
-    def run(chunk):
-        with torch.inference_mode():
-            out = hf(torch.tensor(chunk, device="cuda"), use_cache=False, logits_to_keep=1)
-            torch.log_softmax(out.logits[:, -1].float(), -1)[:, LABELS].cpu()
-    run(seqs[:batch_items])  # warm-up
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for i in range(0, len(seqs), batch_items):
-        run(seqs[i:i + batch_items])
-    torch.cuda.synchronize()
-    rate = len(seqs) / (time.perf_counter() - start)
-    del hf
-    torch.cuda.empty_cache()
-    return rate
+    return seconds, scheduler.batches_run
 
 
 def time_cuda(fn, reps=20):
@@ -128,7 +127,7 @@ def matmul_rate(cfg, tokens):
 def attention_seconds(engine, sequences):
     """FlashInfer multi-item attention for one layer over `sequences`, median seconds."""
     cfg = engine.model.config
-    attn = engine.attention
+    attn = engine.attention  # FlashInfer under the shipped engine settings
     keep = attn.plan(sequences, torch.bfloat16)  # noqa: F841 - alive while timing
     t = sum(s.num_tokens for s in sequences)
     q = torch.randn(t, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
@@ -139,61 +138,72 @@ def attention_seconds(engine, sequences):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=REPO / "models" / "qwen3-0.6b-random")
+    p.add_argument("--model", type=Path, help=f"default: model_path of configs/{CONFIG}")
     p.add_argument("--requests", type=int, default=512)
     p.add_argument("--query-len", type=int, default=120)
     p.add_argument("--items", type=int, default=10)
     p.add_argument("--item-len", type=int, default=180)
-    p.add_argument("--budget", type=int, default=65536, help="scheduler max_batch_tokens")
+    p.add_argument("--budget", type=int,
+                   help="scheduler.max_batch_tokens (default: the YAML's; 0: from free memory)")
     p.add_argument("--modes", default="engine,sync,bf16_residual,one_per_item,torch_ops,fa3")
     p.add_argument("--no-hf", action="store_true")
-    p.add_argument("--out", type=Path, default=REPO / "loadtest" / "results" / "bench_engine.json")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_engine.json")
     args = p.parse_args()
     modes = args.modes.split(",")
 
-    device = torch.device("cuda")
-    model = load_model(args.model, torch.bfloat16, device)
-    cfg = model.config
-    requests = make_requests(args.requests, args.query_len, args.items, args.item_len, seed=0)
+    app = shipped_app_config(CONFIG)
+    args.model = args.model or app.resolved_model_path()
+    fast = Engine.from_config(args.model, app.engine)
+    cfg = fast.model.config
+    max_batch_tokens = app.scheduler.max_batch_tokens if args.budget is None else args.budget
+    budget = fast.batch_token_budget(max_batch_tokens, app.limits.max_seq_tokens)
+    sched = app.scheduler.model_copy(update={"max_batch_tokens": budget})
+    workload = Workload(args.query_len, args.items, args.item_len)
+    labels = list(workload.labels)
+    factory = RequestFactory(workload, seed=0)
+    requests = [factory.token_ids() for _ in range(args.requests)]
     multi = [pack_multi_item(q, items, 0) for q, items in requests]
     n_items = args.requests * args.items
-    warm = multi[: max(1, args.budget // multi[0].num_tokens)]
+    warm = multi[: max(1, budget // multi[0].num_tokens)]
     results, table = {}, []
 
     def bench(name, engine, sequences, overlap=True, timing=False):
-        run_scheduler(engine, warm, args.budget, overlap)  # compile + warm
-        seconds, batches, idle = run_scheduler(engine, sequences, args.budget, overlap, timing)
+        sched_cfg = sched.model_copy(update={"overlap": overlap})
+        run_scheduler(engine, warm, sched_cfg, labels)  # compile + warm
+        timer = StepTimer(engine) if timing else None
+        seconds, batches = run_scheduler(timer or engine, sequences, sched_cfg, labels)
+        idle = timer.idle_share() if timer else None
         results[name] = {"items_per_s": n_items / seconds, "seconds": seconds,
                          "batches": batches, "gpu_idle_share": idle}
         table.append((name, n_items / seconds, batches, idle))
 
-    def engine_with(**kw):
-        return Engine(model, device, EngineConfig(device="cuda", dtype="bfloat16",
-                                                  attention="flashinfer", ops="cuda").model_copy(update=kw))
-
-    fast = engine_with()
     bench("engine", fast, multi, timing=True)
     if "sync" in modes:
         bench("sync (overlap off)", fast, multi, overlap=False, timing=True)
     if "one_per_item" in modes:
         plain = [pack_plain(q + item, 0) for q, items in requests for item in items]
         bench("one sequence per item", fast, plain)
-    if "torch_ops" in modes:
-        bench("torch element-wise ops", engine_with(ops="torch"), multi)
-    if "bf16_residual" in modes:
-        bench("bf16 residual stream", engine_with(fp32_residual=False), multi)
-    if "fa3" in modes:
-        bench("fa3 attention", engine_with(flashinfer_backend="fa3"), multi)
+    for mode, (name, update) in ENGINE_ABLATIONS.items():
+        if mode in modes:  # its own engine, built like the shipped one, freed after its run
+            engine = Engine.from_config(args.model, app.engine.model_copy(update=update))
+            bench(name, engine, multi)
+            del engine
+            torch.cuda.empty_cache()
 
     tokens_per_request = multi[0].num_tokens
-    rate, linear_flops_per_token_layer = matmul_rate(cfg, args.budget // 2)
-    batch = multi[: args.budget // tokens_per_request]
+    rate, linear_flops_per_token_layer = matmul_rate(cfg, budget // 2)
+    batch = multi[: budget // tokens_per_request]
     attn_s = attention_seconds(fast, batch)
     linear_s_per_request = (linear_flops_per_token_layer * cfg.num_hidden_layers
                             * tokens_per_request / (rate * 1e12))
     attn_s_per_request = attn_s * cfg.num_hidden_layers / len(batch)
     ceiling = args.items / (linear_s_per_request + attn_s_per_request)
-    hf = None if args.no_hf else hf_items_per_s(args.model, requests[:64], batch_items=64)
+    hf = None
+    if not args.no_hf:
+        baseline = HFBaseline(args.model, app.engine.device, getattr(torch, app.engine.dtype))
+        hf = baseline.items_per_s(requests[:64], labels, batch_items=64)
+        del baseline
+        torch.cuda.empty_cache()
 
     engine_rate = results["engine"]["items_per_s"]
     out = {
@@ -208,9 +218,12 @@ def main():
         "modes": results,
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "command": "python " + " ".join(sys.argv),
+        "command": " ".join(["python -m", __spec__.name, *sys.argv[1:]]),
         "workload": vars(args) | {"model": str(args.model), "out": str(args.out),
-                                  "tokens_per_request": tokens_per_request, "labels": LABELS},
+                                  "tokens_per_request": tokens_per_request, "labels": labels,
+                                  "seed": 0},
+        "config": {"file": f"configs/{CONFIG}", "engine": app.engine.model_dump(),
+                   "scheduler": sched.model_dump()},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2, default=str))

@@ -1,10 +1,11 @@
-"""Command-line arguments of loadtest/loadgen.py (run, sweep, single)."""
+"""Command-line arguments of loadtest/loadgen.py (run, sweep, single); the workload group is
+shared with loadtest/ramp.py and loadtest/timing_probe.py."""
 
 from __future__ import annotations
 
 import argparse
 
-from loadtest.workload import ARRIVALS
+from loadtest.workload import ARRIVALS, TEXT_MODES, Workload
 
 
 def _ints(text: str) -> list[int]:
@@ -20,17 +21,30 @@ def _floats(text: str) -> list[float]:
 
 def _common(p: argparse.ArgumentParser, *, query_len: int, items: int, item_len: int) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL")
-    p.add_argument("--out", help="JSON result path (default loadtest/results/loadgen_<cmd>.json)")
+    p.add_argument("--out", help="JSON result path (default docs/results/loadgen_<cmd>.json)")
     p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout, s")
     p.add_argument("--seed", type=int, default=0, help="seeds token content and arrivals")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
-    w = p.add_argument_group("workload (random token ids, fresh per request)")
+    add_workload_args(p, query_len=query_len, items=items, item_len=item_len)
+
+
+def add_workload_args(p: argparse.ArgumentParser, *, query_len: int, items: int, item_len: int,
+                      vocab: int = 151643) -> None:
+    """The request shape (loadtest/workload.py::Workload); read back by workload_from_args."""
+    w = p.add_argument_group("workload (random token ids or text, fresh per request)")
     w.add_argument("--query-len", type=int, default=query_len, help="query tokens")
     w.add_argument("--items", type=int, default=items, help="items per request")
     w.add_argument("--item-len", type=int, default=item_len, help="tokens per item")
     w.add_argument("--labels", type=_ints, default=[9454, 2753], help="label ids, comma list")
-    w.add_argument("--vocab", type=int, default=151643, help="token ids drawn from [0, vocab)")
+    w.add_argument("--vocab", type=int, default=vocab, help="token ids drawn from [0, vocab)")
     w.add_argument("--apply-softmax", action="store_true", help="send apply_softmax: true")
+    w.add_argument("--text", choices=TEXT_MODES, help="send strings, not token ids: repeat = "
+                   "SGLang bench_score style, natural = seeded English words")
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    return Workload(args.query_len, args.items, args.item_len, tuple(args.labels), args.vocab,
+                    args.apply_softmax, args.text)
 
 
 def _rate_args(p: argparse.ArgumentParser) -> None:

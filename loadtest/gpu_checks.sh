@@ -2,10 +2,10 @@
 # On the GPU machine, from the repo root (see ../shared/device/README.md):
 #   source .device/install.sh && bash loadtest/gpu_checks.sh [tests|bench|all] [bench args...]
 # Makes the Qwen3-0.6B-shaped random model, runs tests/gpu, then the engine benchmark.
-# Logs and JSON go to $OUT (or loadtest/results).
+# Logs and JSON go to $OUT (or docs/results).
 set -uo pipefail
 what=${1:-all}; shift || true
-out=${OUT:-loadtest/results}
+out=${OUT:-docs/results}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} RAY_USAGE_STATS_ENABLED=0
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
@@ -17,6 +17,6 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 loadtest/bench_engine.py --out "$out/bench_engine.json" "$@" 2>&1 | tee "$out/bench_engine.log"
+  python3 -m loadtest.bench_engine --out "$out/bench_engine.json" "$@" 2>&1 | tee "$out/bench_engine.log"
 fi
 exit $status

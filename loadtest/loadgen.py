@@ -4,13 +4,15 @@
   python -m loadtest.loadgen sweep  --rates 5,10,20 | --start-rate 1 --factor 2 --bisect-steps 3
                                     [--p99-ms 500 --plot out.png]
   python -m loadtest.loadgen single [--requests 200 --items 10 --item-len 300 --query-len 0]
+  (any command: [--text repeat|natural] sends strings instead of token ids; loadtest/workload.py)
 
 Open loop: send times are drawn up front (Poisson or constant arrivals at the offered rate) and
 each request is sent at its time whatever the state of earlier ones; a response is never awaited
-before the next send. Requests of the warm-up period are sent but left out of the stats. Every
-body carries fresh random token ids (seeded), so no two requests are alike. Latency runs from the
-scheduled send time to the end of the response body; `send_lag_ms` shows how late the client
-itself was. Stats definitions: loadtest/stats.py::aggregate. JSON written by --out:
+before the next send (`send_schedule`, also used by loadtest/ramp.py). Requests of the warm-up
+period are sent but left out of the stats. Every body carries fresh random token ids (seeded), so
+no two requests are alike. Latency runs from the scheduled send time to the end of the response
+body; `send_lag_ms` shows how late the client itself was. Stats definitions:
+loadtest/stats.py::aggregate. JSON written by --out:
   {"meta": {...}, "config": {...}, "workload": {...}, "result": point}               (run)
   {..., "p99_bound_ms", "points": [point, ...], "best": point | null, "plot": path}  (sweep)
   {..., "result": {"requests", "successes", "failed", "failures", "latency_ms"}}      (single)
@@ -32,18 +34,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `loadtest` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import aiohttp
+from tqdm import tqdm
 
-import aiohttp  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from loadtest import REPO_ROOT, RESULTS_DIR
+from loadtest.cli_args import build_parser, workload_from_args
+from loadtest.stats import OK, Outcome, aggregate, passes, pick_best, summarize_ms
+from loadtest.workload import RequestFactory, Workload, arrival_offsets
 
-from loadtest.stats import OK, Outcome, aggregate, passes, pick_best, summarize_ms  # noqa: E402
-from loadtest.cli_args import build_parser  # noqa: E402
-from loadtest.workload import RequestFactory, Workload, arrival_offsets  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS = REPO_ROOT / "loadtest" / "results"
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -86,22 +84,23 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, n_item
         return "bad_response"
 
 
-async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Workload,
-                   cfg: RateConfig, *, progress: bool = True) -> tuple[dict, list[Outcome]]:
-    """Offer `cfg.rate` requests/s open-loop; returns (stats point, every request's outcome)."""
+async def send_schedule(session: aiohttp.ClientSession, base_url: str, offsets: list[float],
+                        factory: RequestFactory, *, timeout_s: float, start: float | None = None,
+                        desc: str = "", progress: bool = False) -> list[Outcome]:
+    """Open loop: one request from `factory` at each offset (seconds after `start`, a loop time;
+    default now), never waiting for earlier responses. Returns every outcome by scheduled time."""
     url = base_url.rstrip("/") + "/v1/score"
-    offsets = arrival_offsets(cfg.arrival, cfg.rate, cfg.warmup_s + cfg.duration_s, cfg.seed)
-    factory = RequestFactory(workload, cfg.seed)
+    n_items = factory.workload.items
     loop = asyncio.get_running_loop()
     outcomes: list[Outcome] = []
     failed = 0
-    bar = tqdm(total=len(offsets), desc=f"{cfg.rate:g} req/s", unit="req", disable=not progress,
-               leave=False, dynamic_ncols=True)
+    bar = tqdm(total=len(offsets), desc=desc, unit="req", disable=not progress, leave=False,
+               dynamic_ncols=True)
 
     async def one(intended: float, body: bytes) -> None:
         nonlocal failed
         sent = loop.time() - t0
-        kind = await send_one(session, url, body, workload.items, cfg.timeout_s)
+        kind = await send_one(session, url, body, n_items, timeout_s)
         outcomes.append(Outcome(intended, sent, loop.time() - t0, kind))
         failed += kind != OK
         bar.update(1)
@@ -110,7 +109,7 @@ async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Work
 
     tasks: set[asyncio.Task] = set()
     body = factory.next_bytes() if offsets else b""
-    t0 = loop.time()
+    t0 = loop.time() if start is None else start
     try:
         for i, offset in enumerate(offsets):
             await asyncio.sleep(max(0.0, t0 + offset - loop.time()))
@@ -124,6 +123,16 @@ async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Work
     finally:
         bar.close()
     outcomes.sort(key=lambda o: o.intended)
+    return outcomes
+
+
+async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Workload,
+                   cfg: RateConfig, *, progress: bool = True) -> tuple[dict, list[Outcome]]:
+    """Offer `cfg.rate` requests/s open-loop; returns (stats point, every request's outcome)."""
+    offsets = arrival_offsets(cfg.arrival, cfg.rate, cfg.warmup_s + cfg.duration_s, cfg.seed)
+    outcomes = await send_schedule(session, base_url, offsets, RequestFactory(workload, cfg.seed),
+                                   timeout_s=cfg.timeout_s, desc=f"{cfg.rate:g} req/s",
+                                   progress=progress)
     point = aggregate(outcomes, warmup_s=cfg.warmup_s, duration_s=cfg.duration_s,
                       items_per_request=workload.items, offered_rps=cfg.rate)
     return point, outcomes
@@ -255,13 +264,8 @@ def _meta(args: argparse.Namespace, argv: list[str], model: str | None) -> dict:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def _workload(args: argparse.Namespace) -> Workload:
-    return Workload(args.query_len, args.items, args.item_len, tuple(args.labels), args.vocab,
-                    args.apply_softmax)
-
-
 async def _main(args: argparse.Namespace, argv: list[str]) -> dict:
-    workload = _workload(args)
+    workload = workload_from_args(args)
     progress = not args.no_progress
     async with make_session() as session:
         out = {"meta": _meta(args, argv, await _service_info(session, args.url)),
@@ -320,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     _raise_open_files_limit()
     out = asyncio.run(_main(args, argv))
-    out_path = Path(args.out or RESULTS / f"loadgen_{args.command}.json")
+    out_path = Path(args.out or RESULTS_DIR / f"loadgen_{args.command}.json")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if args.command == "sweep":
         out["plot"] = str(Path(args.plot) if args.plot else out_path.with_suffix(".png"))

@@ -1,6 +1,6 @@
 """PNG of a ramp's timeline: offered/served rate, scorer replicas, queued tokens, P99.
 
-Usage: python -m loadtest.plot_timeline loadtest/results/ramp.json [out.png]
+Usage: python -m loadtest.plot_timeline docs/results/ramp.json [out.png]
 """
 
 from __future__ import annotations

@@ -1,38 +1,40 @@
 """Where one engine step's GPU time goes: torch profiler table of CUDA kernels.
 
-Usage: python loadtest/profile_engine.py [--requests 33] [--model models/qwen3-0.6b-random]
-Runs the bench workload (120-token query + 10 × 180-token items per request) as one batch,
-warms up, profiles 3 steps and prints the top kernels by total CUDA time.
+Usage: python -m loadtest.profile_engine [--requests 33] [--model models/qwen3-0.6b-random]
+The engine is built from configs/score-gpu.yaml (--model overrides its model folder). Runs the
+bench workload of loadtest/bench_engine.py (120-token query + 10 × 180-token items per request,
+loadtest/workload.py, seed 0) as one batch, warms up, profiles 3 steps and prints the top
+kernels by total CUDA time.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from gpu_worker.engine import Engine, ScoreTask
+from loadtest.configs import shipped_app_config
+from loadtest.workload import RequestFactory, Workload
+from ranker_contract.packing import pack_multi_item
 
-from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
-from ranker_contract.config import EngineConfig  # noqa: E402
-from loadtest.bench_engine import LABELS, make_requests  # noqa: E402
-from ranker_contract.packing import pack_multi_item  # noqa: E402
+CONFIG = "score-gpu.yaml"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=REPO / "models" / "qwen3-0.6b-random")
+    p.add_argument("--model", type=Path, help=f"default: model_path of configs/{CONFIG}")
     p.add_argument("--requests", type=int, default=33)
     p.add_argument("--rows", type=int, default=25)
     args = p.parse_args()
-    engine = Engine.from_config(args.model, EngineConfig(device="cuda", dtype="bfloat16",
-                                                         attention="flashinfer", ops="cuda"))
-    tasks = [ScoreTask(pack_multi_item(q, items, 0), LABELS, lambda _: None)
-             for q, items in make_requests(args.requests, 120, 10, 180, seed=0)]
+    app = shipped_app_config(CONFIG)
+    engine = Engine.from_config(args.model or app.resolved_model_path(), app.engine)
+    workload = Workload(query_len=120, items=10, item_len=180)
+    factory = RequestFactory(workload, seed=0)
+    tasks = [ScoreTask(pack_multi_item(*factory.token_ids(), 0), list(workload.labels),
+                       lambda _: None) for _ in range(args.requests)]
     for _ in range(3):
         engine.finish(engine.launch(tasks))
     torch.cuda.synchronize()

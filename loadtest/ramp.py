@@ -2,11 +2,12 @@
 (completions, failures, P99) beside the service's (scorer replicas, queued tokens) from Prometheus.
 
 Usage: python -m loadtest.ramp --url http://127.0.0.1:8000 --phases 20:5,60:40,90:5
-       [--metrics-url auto] [--query-len 40 --items 4 --item-len 40 --vocab 49152]
-       [--out loadtest/results/ramp.json] [--plot loadtest/results/ramp.png]
+       [--metrics-url auto] [--query-len 40 --items 4 --item-len 40 --vocab 49152 --text natural]
+       [--out docs/results/ramp.json] [--plot docs/results/ramp.png]
 
-`--phases` is DURATION_S:RATE,...; arrivals are Poisson. `--metrics-url auto` reads the port of the
-newest local Ray session. Plot afterwards with `python -m loadtest.plot_timeline ramp.json`.
+`--phases` is DURATION_S:RATE,...; arrivals are Poisson, sent by loadgen's open-loop sender.
+`--metrics-url auto` reads the port of the newest local Ray session. Plot afterwards with
+`python -m loadtest.plot_timeline ramp.json`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loadtest.loadgen import make_session, send_one
+from loadtest import RESULTS_DIR
+from loadtest.cli_args import add_workload_args, workload_from_args
+from loadtest.loadgen import make_session, send_schedule
 from loadtest.prom import ServiceSample, find_metrics_url, scrape, service_sample
 from loadtest.stats import OK, Outcome, percentile
 from loadtest.workload import RequestFactory, Workload, arrival_offsets
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,7 @@ async def run_ramp(base_url: str, workload: Workload, phases: list[Phase], *,
                    timeout_s: float = 60.0, seed: int | str = 0,
                    on_tick=None) -> tuple[list[Outcome], list[Tick]]:
     """Send the ramp open-loop and sample metrics meanwhile; `on_tick(tick)` sees each sample."""
-    url = base_url.rstrip("/") + "/v1/score"
-    offsets = schedule(phases, seed)
-    factory = RequestFactory(workload, seed)
     loop = asyncio.get_running_loop()
-    outcomes: list[Outcome] = []
     ticks: list[Tick] = []
     finished = asyncio.Event()
 
@@ -91,22 +88,13 @@ async def run_ramp(base_url: str, workload: Workload, phases: list[Phase], *,
                 pass
 
     async with make_session() as session:
-        async def one(intended: float, body: bytes) -> None:
-            sent = loop.time() - t0
-            kind = await send_one(session, url, body, workload.items, timeout_s)
-            outcomes.append(Outcome(intended, sent, loop.time() - t0, kind))
-
-        t0 = loop.time()
+        t0 = loop.time()  # one origin for send times and samples
         sampling = asyncio.create_task(sampler())
-        tasks = []
-        for offset in offsets:
-            body = factory.next_bytes()
-            await asyncio.sleep(max(0.0, t0 + offset - loop.time()))
-            tasks.append(asyncio.create_task(one(offset, body)))
-        await asyncio.gather(*tasks)
+        outcomes = await send_schedule(session, base_url, schedule(phases, seed),
+                                       RequestFactory(workload, seed), timeout_s=timeout_s,
+                                       start=t0)
         finished.set()
         await sampling
-    outcomes.sort(key=lambda o: o.intended)
     return outcomes, ticks
 
 
@@ -182,18 +170,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--phases", required=True, help="DURATION_S:RATE,...")
     p.add_argument("--metrics-url", default="auto", help="Prometheus URL, 'auto' or 'none'")
-    p.add_argument("--query-len", type=int, default=40)
-    p.add_argument("--items", type=int, default=4)
-    p.add_argument("--item-len", type=int, default=40)
-    p.add_argument("--vocab", type=int, default=49152)
-    p.add_argument("--labels", default="9454,2753")
+    add_workload_args(p, query_len=40, items=4, item_len=40, vocab=49152)
     p.add_argument("--timeout-s", type=float, default=60.0)
-    p.add_argument("--out", type=Path, default=REPO / "loadtest" / "results" / "ramp.json")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "ramp.json")
     p.add_argument("--plot", type=Path, default=None)
     args = p.parse_args(argv)
     phases = parse_phases(args.phases)
-    workload = Workload(query_len=args.query_len, items=args.items, item_len=args.item_len,
-                        vocab=args.vocab, labels=tuple(int(x) for x in args.labels.split(",")))
+    workload = workload_from_args(args)
     metrics_url = {"auto": None, "none": ""}.get(args.metrics_url, args.metrics_url)
     if metrics_url is None:
         metrics_url = find_metrics_url()

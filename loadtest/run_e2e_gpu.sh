@@ -4,11 +4,11 @@
 # Starts configs/score-gpu.yaml (ingress + one GPU replica, HAProxy front door), measures idle
 # single-request latency (200 sequential requests of 10 items × 300 tokens), the Server-Timing
 # breakdown, and an open-loop Poisson sweep of the bench workload (120-token query + 10 items ×
-# 180 tokens); writes JSON to $OUT (or loadtest/results) and a summary e2e_gpu.json.
+# 180 tokens); writes JSON to $OUT (or docs/results) and a summary e2e_gpu.json.
 set -uo pipefail
 rates=${1:-60,100,140,180,220,260}
 config=${CONFIG:-configs/score-gpu.yaml}
-out=${OUT:-loadtest/results}
+out=${OUT:-docs/results}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1
 source loadtest/gpu_service.sh
@@ -17,7 +17,7 @@ python3 scripts/make_random_model.py > /dev/null || exit 1
 python3 -m ranker_app.check_config "$config" || exit 1
 start_service "$config" "$out/serve.log"
 python3 -m loadtest.loadgen single --requests 200 --no-progress --out "$out/single.json"
-python3 loadtest/timing_probe.py --requests 100 --out "$out/timing_idle.json"
+python3 -m loadtest.timing_probe --requests 100 --out "$out/timing_idle.json"
 python3 -m loadtest.loadgen sweep --rates "$rates" --duration 15 --warmup 3 --p99-ms 500 \
   --no-progress --out "$out/sweep.json" --plot "$out/sweep.png"
 python3 - "$out" "$rates" "$config" <<'PY'

@@ -6,11 +6,11 @@
 # fixed1/fixed2: a sweep (bench workload: 120-token query + 10 items × 180 tokens) for the highest
 # items/s at P99 ≤ 500 ms with 1 or 2 scorer replicas. auto: the shipped autoscaling config under
 # a ramp (PHASES = DURATION_S:RATE,...), with the replica/queue timeline from Prometheus.
-# Results go to $OUT (default loadtest/results).
+# Results go to $OUT (default docs/results).
 set -uo pipefail
 mode=$1
 arg=$2
-out=${OUT:-loadtest/results}
+out=${OUT:-docs/results}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1
 export RAY_metrics_report_interval_ms=1000  # Prometheus values every second

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from loadtest.configs import shipped_yaml
 
 
 def variant(mode: str) -> dict:
-    config = yaml.safe_load((REPO / "configs" / "score-gpu.yaml").read_text())
+    config = shipped_yaml("score-gpu.yaml")
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
     ingress = deployments["ScoreIngress"]
     ingress.pop("autoscaling_config")

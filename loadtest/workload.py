@@ -1,7 +1,16 @@
-"""Request bodies and arrival schedules for the /v1/score load generator.
+"""Request contents and arrival schedules for the load generator and the benchmarks.
 
-Bodies carry token ids, not text: every request draws fresh random ids from a seeded RNG, so no
-two requests are alike (nothing can be served from a cache) and runs are reproducible.
+By default requests carry token ids: every request draws fresh random ids from a seeded RNG, so
+no two requests are alike (nothing can be served from a cache) and runs are reproducible. With
+`Workload(text=...)` they carry strings instead, which exercises the ingress's tokenizer:
+
+- "repeat" (SGLang bench_score style): the query is REPEAT_TOKEN × query_len and every item
+  REPEAT_TOKEN × item_len. REPEAT_TOKEN is "<|im_start|>", one special token in the Qwen and
+  SmolLM2 tokenizers, so the lengths are exact there. Every request is the same text.
+- "natural": words drawn with the seeded RNG from WORDS (common English words of varied length,
+  joined by spaces). Each query/item gets round(U(0.75, 1.25) × length) words; a word is one
+  token in the SmolLM2 tokenizer (1.00 tokens per word measured over 500 items), so token counts
+  vary over about ±25% around query_len/item_len, and every request differs.
 """
 
 from __future__ import annotations
@@ -10,6 +19,23 @@ import json
 import math
 import random
 from dataclasses import asdict, dataclass, field
+
+TEXT_MODES = ("repeat", "natural")
+REPEAT_TOKEN = "<|im_start|>"
+WORDS = tuple("""
+the of and to in is that it was for on are as with his they at be this have from or one had by
+word but not what all were we when your can said there use an each which she do how their if will
+up other about out many then them these so some her would make like him into time has look two
+more write go see number no way could people my than first water been call who oil its now find
+long down day did get come made may part over new sound take only little work know place year
+live me back give most very after thing our just name good sentence man think say great where help
+through much before line right too mean old any same tell boy follow came want show also around
+form three small set put end does another well large must big even such because turn here why ask
+went men read need land different home us move try kind hand picture again change off play spell
+air away animal house point page letter mother answer found study still learn should america world
+measurement infrastructure nevertheless photosynthesis approximately extraordinary responsibility
+international characteristics unfortunately neighbourhood refrigerator temperature environmental
+""".split())
 
 
 @dataclass(frozen=True)
@@ -22,6 +48,7 @@ class Workload:
     labels: tuple[int, ...] = (9454, 2753)
     vocab: int = 151643
     apply_softmax: bool = False
+    text: str | None = None  # None: token ids; "repeat" or "natural": strings (module doc)
 
     def __post_init__(self) -> None:
         if self.query_len < 0 or self.items < 1 or self.item_len < 0:
@@ -30,9 +57,12 @@ class Workload:
             raise ValueError("an empty query with empty items is rejected by the service")
         if self.vocab < 1 or not self.labels or any(not 0 <= t < self.vocab for t in self.labels):
             raise ValueError(f"labels {self.labels} must be non-empty and in [0, {self.vocab})")
+        if self.text not in (None, *TEXT_MODES):
+            raise ValueError(f"text must be None or one of {TEXT_MODES}, got {self.text!r}")
 
     @property
     def tokens_per_request(self) -> int:
+        """Nominal: exact for token ids and "repeat", about this for "natural"."""
         return self.query_len + self.items * self.item_len
 
     def describe(self) -> dict:
@@ -44,7 +74,7 @@ class Workload:
 
 @dataclass
 class RequestFactory:
-    """Makes serialized request bodies, each with fresh random token ids from one seeded RNG."""
+    """Makes request contents, fresh for every call, from one RNG seeded by `seed`."""
 
     workload: Workload
     seed: int | str = 0
@@ -54,14 +84,28 @@ class RequestFactory:
         self._rng = random.Random(f"content:{self.seed}")
         self._population = range(self.workload.vocab)
 
-    def body(self) -> dict:
+    def token_ids(self) -> tuple[list[int], list[list[int]]]:
+        """(query, items) as random token ids; the engine benchmarks score these directly."""
         w, rng, pop = self.workload, self._rng, self._population
-        return {
-            "query": rng.choices(pop, k=w.query_len),
-            "items": [rng.choices(pop, k=w.item_len) for _ in range(w.items)],
-            "label_token_ids": list(w.labels),
-            "apply_softmax": w.apply_softmax,
-        }
+        return rng.choices(pop, k=w.query_len), [rng.choices(pop, k=w.item_len)
+                                                 for _ in range(w.items)]
+
+    def texts(self) -> tuple[str, list[str]]:
+        """(query, items) as strings in the workload's text mode."""
+        w = self.workload
+        if w.text == "repeat":
+            return REPEAT_TOKEN * w.query_len, [REPEAT_TOKEN * w.item_len] * w.items
+        return self._words(w.query_len), [self._words(w.item_len) for _ in range(w.items)]
+
+    def _words(self, tokens: int) -> str:
+        n = round(self._rng.uniform(0.75, 1.25) * tokens)
+        return " ".join(self._rng.choices(WORDS, k=n))
+
+    def body(self) -> dict:
+        w = self.workload
+        query, items = self.texts() if w.text else self.token_ids()
+        return {"query": query, "items": items, "label_token_ids": list(w.labels),
+                "apply_softmax": w.apply_softmax}
 
     def next_bytes(self) -> bytes:
         return json.dumps(self.body(), separators=(",", ":")).encode()

@@ -1,11 +1,15 @@
 """The open-loop load generator (loadtest/loadgen.py): its statistics and arrival schedules on
 hand-made numbers, then short runs against the real service (`serve run configs/score.yaml`)."""
 
+import asyncio
 import json
 import math
 import statistics
+from pathlib import Path
 
-from loadtest import loadgen
+import pytest
+
+from loadtest import loadgen, ramp
 from loadtest.stats import Outcome, aggregate, passes, percentile, pick_best, summarize_ms
 from loadtest.workload import RequestFactory, Workload, arrival_offsets
 
@@ -102,6 +106,49 @@ def test_request_bodies_are_fresh_token_ids_in_range():
         assert b["label_token_ids"] == [10539, 5230]
 
 
+TOKENIZER = Path(__file__).resolve().parents[2] / "models/smollm2-135m-instruct/tokenizer.json"
+
+
+@pytest.mark.parametrize("mode", ["repeat", "natural"])
+def test_text_bodies_are_seeded_strings(mode):
+    w = Workload(query_len=30, items=4, item_len=50, labels=(10539, 5230), vocab=49152, text=mode)
+    assert w.describe()["text"] == mode
+    assert RequestFactory(w, seed=3).body() == RequestFactory(w, seed=3).body()  # seeded
+    factory = RequestFactory(w, seed=3)
+    many = [factory.body() for _ in range(50)]
+    for b in many:
+        assert isinstance(b["query"], str) and len(b["items"]) == 4
+        assert all(isinstance(item, str) and item for item in b["items"])
+        assert b["label_token_ids"] == [10539, 5230]
+    distinct = len({json.dumps(b) for b in many})
+    # "repeat" is SGLang's fixed text: the same every time; "natural" differs per request.
+    assert distinct == (1 if mode == "repeat" else 50)
+    if mode == "natural":
+        assert RequestFactory(w, seed=4).body() != RequestFactory(w, seed=3).body()
+
+
+def test_text_token_counts_around_item_len():
+    """Through the real tokenizer: "repeat" is exact, "natural" within ±30% of item_len per item
+    (its rule draws 0.75..1.25 × item_len words of about one token each) and ±10% on average."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TOKENIZER))
+
+    def count(text):
+        return len(tok.encode(text, add_special_tokens=False).ids)
+
+    query, items = RequestFactory(Workload(query_len=30, items=3, item_len=50,
+                                           text="repeat")).texts()
+    assert count(query) == 30 and [count(i) for i in items] == [50, 50, 50]
+    item_len = 180
+    factory = RequestFactory(Workload(query_len=120, items=10, item_len=item_len,
+                                      text="natural"), seed=0)
+    counts = [count(item) for _ in range(30) for item in factory.texts()[1]]
+    assert all(0.7 * item_len <= c <= 1.3 * item_len for c in counts), (min(counts), max(counts))
+    assert abs(statistics.fmean(counts) / item_len - 1) <= 0.1
+    assert len(set(counts)) > 10  # lengths vary, not one fixed size
+
+
 # ---- short runs against the real service -----------------------------------------------------
 
 def test_run_smoke(server_url, tmp_path):
@@ -145,3 +192,24 @@ def test_single_smoke(server_url, tmp_path):
     r = doc["result"]
     assert (r["requests"], r["successes"], r["failed"]) == (5, 5, 0)
     assert 0 < r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] <= r["latency_ms"]["max"]
+
+
+def test_single_smoke_with_text(server_url, tmp_path):
+    doc = loadgen.main(["single", "--url", server_url, "--requests", "3", "--warmup-requests",
+                        "0", "--text", "natural", "--out", str(tmp_path / "single.json"), *SMOL])
+    assert doc["workload"]["text"] == "natural"
+    assert (doc["result"]["successes"], doc["result"]["failed"]) == (3, 0)
+
+
+def test_ramp_smoke_sends_every_phase(server_url):
+    phases = ramp.parse_phases("1:2,1:6")
+    w = Workload(query_len=16, items=3, item_len=8, labels=(10539, 5230), vocab=49152)
+    outcomes, ticks = asyncio.run(ramp.run_ramp(server_url, w, phases, sample_every_s=0.5))
+    assert [o.intended for o in outcomes] == ramp.schedule(phases)
+    assert outcomes and all(o.kind == "ok" for o in outcomes)
+    assert ticks and all(t.service is None for t in ticks)  # no metrics URL given
+    rows = ramp.timeline(outcomes, ticks, phases)
+    assert [r["offered_rps"] for r in rows] == [2.0, 6.0, 0.0]
+    assert sum(r["sent"] for r in rows) == len(outcomes)
+    summary = ramp.summarize(outcomes, rows, phases)
+    assert (summary["requests"], summary["failed"]) == (len(outcomes), 0)

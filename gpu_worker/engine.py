@@ -73,8 +73,6 @@ class Engine:
             self.attention = FlashInferAttention(mcfg, device, cfg.flashinfer_backend)
         else:
             self.attention = TorchAttention(device)
-        # Benchmarks set a list here to collect (start, done) CUDA events per step.
-        self.step_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
 
     @classmethod
     def from_config(cls, model_path: str | Path, cfg: EngineConfig) -> Engine:
@@ -119,10 +117,6 @@ class Engine:
         return budget
 
     def launch(self, tasks: list[ScoreTask]) -> Step:
-        started = None
-        if self.step_events is not None:  # recorded first: host preparation counts as step time
-            started = torch.cuda.Event(enable_timing=True)
-            started.record()
         sequences = [t.sequence for t in tasks]
         input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(tasks)
         on_cuda = self.device.type == "cuda"
@@ -139,10 +133,8 @@ class Engine:
             return Step(tasks, (*host, *plan_tensors), out, None)
         out_cpu = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)  # [N] fp32
         out_cpu.copy_(out, non_blocking=True)
-        done = torch.cuda.Event(enable_timing=started is not None)
+        done = torch.cuda.Event()
         done.record()
-        if started is not None:
-            self.step_events.append((started, done))
         return Step(tasks, (*host, *dev, *plan_tensors, out), out_cpu, done)
 
     def finish(self, step: Step) -> list[list[list[float]]]:

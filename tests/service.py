@@ -65,6 +65,17 @@ def small_model_config(model_path) -> dict:
     return config
 
 
+def without_refusals(config: dict) -> dict:
+    """No admission limit anywhere (scorer token queue, ingress proxy queue): for tests where a
+    503 would hide a lost request or stop the load that scaling needs. Edits in place."""
+    config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 0
+    ingress = deployment(config, "ScoreIngress")
+    ingress.update(max_ongoing_requests=1024)
+    for key in ("max_queued_requests", "backpressure_config"):
+        ingress.pop(key)
+    return config
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

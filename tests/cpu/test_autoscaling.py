@@ -15,7 +15,7 @@ from loadtest.prom import scrape, service_sample
 from loadtest.stats import OK
 from loadtest.workload import Workload
 from tests.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
-                           stop_service, wait_until)
+                           stop_service, wait_until, without_refusals)
 
 WORKLOAD = Workload(query_len=40, items=4, item_len=40, vocab=49152)  # ~200 tokens
 # 12 requests in the service ≈ 2,400 tokens queued or running: with target_tokens_per_replica
@@ -53,13 +53,8 @@ async def _load_until_serving(url: str, metrics_url: str, replicas: int) -> tupl
 
 
 def test_load_scales_scorers_up_and_back_down_without_failures(small_model):
-    config = small_model_config(small_model)
     # Nothing is refused here: the load waits while replicas are added.
-    config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 0
-    ingress = deployment(config, "ScoreIngress")
-    ingress.update(max_ongoing_requests=1024)
-    for key in ("max_queued_requests", "backpressure_config"):
-        ingress.pop(key)
+    config = without_refusals(small_model_config(small_model))
     worker = deployment(config, "ScoreWorker")
     worker["ray_actor_options"]["num_cpus"] = 0.5  # 3 replicas fit Ray's 2 logical CPUs
     worker["autoscaling_config"].update(max_replicas=3, upscale_delay_s=1, downscale_delay_s=10)

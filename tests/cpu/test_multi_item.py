@@ -1,4 +1,4 @@
-"""Multi-item scoring equals scoring each item alone (DESIGN.md §3), using our engine only.
+"""Multi-item scoring equals scoring each item alone (docs/ARCHITECTURE.md), using our engine only.
 
 Item k of `Q D I_1 D ... D I_n D` must score like the plain sequence `Q + I_k`: the mask hides the
 other items, and positions restart after the query for every item.

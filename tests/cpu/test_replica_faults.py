@@ -12,7 +12,7 @@ from loadtest.loadgen import RateConfig, make_session, run_rate
 from loadtest.prom import scrape
 from loadtest.workload import RequestFactory, Workload
 from tests.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
-                           stop_service, wait_until)
+                           stop_service, wait_until, without_refusals)
 
 WORKLOAD = Workload(query_len=40, items=4, item_len=100, vocab=49152)  # ~450 tokens
 # Sent before the kill, ~1,600 tokens each: seconds of work for each scorer, longer than the
@@ -45,14 +45,9 @@ def _burst_then_kill(svc, victim, statuses: list[int]) -> None:
 
 
 def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
-    config = small_model_config(small_model)
-    # No refusals anywhere (scorer token queue, ingress proxy queue): on a busy machine the one
-    # scorer left is over capacity for a while, and a 503 there would hide a loss.
-    config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 0
-    ingress = deployment(config, "ScoreIngress")
-    ingress.update(max_ongoing_requests=1024)
-    for key in ("max_queued_requests", "backpressure_config"):
-        ingress.pop(key)
+    # On a busy machine the one scorer left is over capacity for a while, and a 503 there would
+    # hide a loss.
+    config = without_refusals(small_model_config(small_model))
     worker = deployment(config, "ScoreWorker")
     worker.pop("autoscaling_config")
     worker.update(num_replicas=2)

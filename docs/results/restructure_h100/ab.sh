@@ -1,4 +1,6 @@
 # A/B of the HTTP sweep: the tree before the restructure (.old) and the current one, same machine.
+# .old was made with `git archive 2b2f07e | tar -x -C .old` and carried to the GPU machine;
+# run there as: bash .device/ab.sh .old $PWD
 set -u
 source .device/install.sh
 export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1

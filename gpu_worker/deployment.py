@@ -38,12 +38,14 @@ class ScoreWorker:
         self.metrics = WorkerMetrics(self.scheduler)
         logger.info("ScoreWorker ready: %s", config)
 
-    async def score(self, job: ScoreJob) -> list[list[list[float]]]:
+    async def score(self, job: ScoreJob) -> list[list[list[float]]] | ScorerOverloaded:
+        """Per sequence, items × label log-probs; or the refusal, returned as a value (see
+        ranker_contract/errors.py: no traceback logged per refusal)."""
         try:
             return await self.scheduler.run_job(job)
-        except ScorerOverloaded:
+        except ScorerOverloaded as refusal:
             self.metrics.rejected.inc()
-            raise
+            return refusal
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         # Read by the queue-depth autoscaling policy (ranker_app/autoscaling_policy.py).

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +43,7 @@ class ScoreTask:
     on_done: DoneCallback
     # True once nobody waits for the result (the caller went away): the loop drops the task.
     cancelled: Callable[[], bool] = lambda: False
+    arrived: float = field(default_factory=time.monotonic)  # for the queue-wait bound
 
     @property
     def num_tokens(self) -> int:

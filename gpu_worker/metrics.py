@@ -37,7 +37,8 @@ class WorkerMetrics:
         self.dropped = Counter("ranker_sequences_dropped", "Sequences dropped unscored because "
                                "their caller went away (disconnect or timeout)")
         self.rejected = Counter("ranker_requests_rejected", "Requests refused because the "
-                                "replica's token queue was full")
+                                "replica was full: its token queue, or a wait past "
+                                "max_queue_wait_s")
         self._dropped_seen = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="worker-metrics", daemon=True)

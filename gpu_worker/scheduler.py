@@ -52,6 +52,7 @@ class Scheduler:
         self.max_batch_sequences = cfg.max_batch_sequences
         self.overlap = cfg.overlap
         self.max_queued_tokens = cfg.max_queued_tokens
+        self.max_queue_wait_s = cfg.max_queue_wait_s
         self._incoming: queue.SimpleQueue[ScoreTask] = queue.SimpleQueue()
         self._waiting: collections.deque[ScoreTask] = collections.deque()
         self._stop = threading.Event()
@@ -61,6 +62,7 @@ class Scheduler:
         self._inflight = [0, 0]  # tokens, sequences launched and not yet finished
         self.batches_run = 0
         self.cancelled_dropped = 0  # tasks skipped because their caller went away
+        self.expired_dropped = 0  # tasks answered "overloaded": they waited past max_queue_wait_s
         # Finished batches for a metrics reader to drain; bounded so nobody reading costs nothing.
         self.batch_log: collections.deque[BatchRecord] = collections.deque(maxlen=4096)
 
@@ -76,12 +78,15 @@ class Scheduler:
 
         Admission: with `max_queued_tokens` > 0 a job that would push the tokens waiting past it
         raises ScorerOverloaded (nothing is queued). A job always gets in when nothing waits, so a
-        request larger than the limit is slow, never refused forever.
+        request larger than the limit is slow, never refused forever. With `max_queue_wait_s`
+        > 0 a sequence still waiting that long after it arrived fails the job with
+        ScorerOverloaded, and the job's other sequences are dropped unscored.
         """
         queued = self.depth().queued_tokens
         tokens = sum(seq.num_tokens for seq in job.sequences)
         if self.max_queued_tokens > 0 and queued > 0 and queued + tokens > self.max_queued_tokens:
-            raise ScorerOverloaded(queued, self.max_queued_tokens)
+            raise ScorerOverloaded(f"{queued} tokens already queued (limit "
+                                   f"{self.max_queued_tokens})")
         loop = asyncio.get_running_loop()
         futures = []
         for seq in job.sequences:
@@ -90,7 +95,12 @@ class Scheduler:
             # futures; the loop thread reads fut.cancelled() and drops the task unscored.
             self.submit(ScoreTask(seq, job.label_ids, _resolver(loop, fut), fut.cancelled))
             futures.append(fut)
-        return list(await asyncio.gather(*futures))
+        try:
+            return list(await asyncio.gather(*futures))
+        except ScorerOverloaded:
+            for fut in futures:  # nobody will read the rest: never compute it
+                fut.cancel()
+            raise
 
     def start(self) -> None:
         self._thread.start()
@@ -137,14 +147,19 @@ class Scheduler:
     def _pick(self) -> list[ScoreTask]:
         batch: list[ScoreTask] = []
         tokens = 0
+        now = time.monotonic()
         while self._waiting and len(batch) < self.max_batch_sequences:
             task = self._waiting[0]
             if task.cancelled():  # its caller disconnected or timed out: never computed
-                self._waiting.popleft()
-                with self._lock:
-                    self._queued[0] -= task.num_tokens
-                    self._queued[1] -= 1
+                self._drop_first()
                 self.cancelled_dropped += 1
+                continue
+            if 0 < self.max_queue_wait_s < now - task.arrived:  # too late to be worth computing
+                self._drop_first()
+                self.expired_dropped += 1
+                self._answer(task, ScorerOverloaded(
+                    f"waited {now - task.arrived:.2f} s in the queue (limit "
+                    f"{self.max_queue_wait_s:g} s)"))
                 continue
             # A task bigger than the whole budget still runs, alone.
             if batch and tokens + task.num_tokens > self.max_batch_tokens:
@@ -158,6 +173,12 @@ class Scheduler:
                 self._inflight[0] += tokens
                 self._inflight[1] += len(batch)
         return batch
+
+    def _drop_first(self) -> None:
+        task = self._waiting.popleft()
+        with self._lock:
+            self._queued[0] -= task.num_tokens
+            self._queued[1] -= 1
 
     def _launch(self, batch: list[ScoreTask]) -> tuple[Step, float] | None:
         started = time.perf_counter()
@@ -195,11 +216,14 @@ class Scheduler:
             self._inflight[0] -= sum(t.num_tokens for t in tasks)
             self._inflight[1] -= len(tasks)
         for i, task in enumerate(tasks):
-            result = outcome if isinstance(outcome, BaseException) else outcome[i]
-            try:
-                task.on_done(result)
-            except Exception:  # noqa: BLE001 - a broken callback must not stop the loop
-                logger.exception("a completion callback failed")
+            self._answer(task, outcome if isinstance(outcome, BaseException) else outcome[i])
+
+    @staticmethod
+    def _answer(task: ScoreTask, result: list | BaseException) -> None:
+        try:
+            task.on_done(result)
+        except Exception:  # noqa: BLE001 - a broken callback must not stop the loop
+            logger.exception("a completion callback failed")
 
     def _fail_all_waiting(self, exc: BaseException) -> None:
         self._admit(block=False)

@@ -1,4 +1,4 @@
-"""Command-line arguments of loadtest/loadgen.py (run, sweep, single); the workload group is
+"""Command-line arguments of loadtest/loadgen.py (run, sweep, overload, single); the workload group is
 shared with loadtest/ramp.py and loadtest/timing_probe.py."""
 
 from __future__ import annotations
@@ -76,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--p99-ms", type=float, default=500.0, help="P99 latency bound, ms")
     sweep.add_argument("--cooldown", type=float, default=2.0, help="idle seconds between rates")
     sweep.add_argument("--plot", help="PNG path (default: the JSON path with .png)")
+
+    over = sub.add_parser("overload", help="capacity × multiples: goodput, accepted P99 and "
+                          "refusal latency past capacity")
+    _common(over, **big)
+    _rate_args(over)
+    over.add_argument("--capacity-rps", type=float, required=True,
+                      help="the service's capacity in req/s (e.g. the best point of a sweep)")
+    over.add_argument("--multiples", type=_floats, default=[1.0, 1.2, 1.5, 3.0],
+                      help="comma list of multiples of the capacity to offer (1 first)")
+    over.add_argument("--cooldown", type=float, default=2.0, help="idle seconds between rates")
 
     single = sub.add_parser("single", help="sequential requests on an idle service")
     _common(single, query_len=0, items=10, item_len=300)

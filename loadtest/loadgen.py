@@ -3,6 +3,7 @@
   python -m loadtest.loadgen run    --rate 20 [--duration 30 --warmup 5 --arrival poisson]
   python -m loadtest.loadgen sweep  --rates 5,10,20 | --start-rate 1 --factor 2 --bisect-steps 3
                                     [--p99-ms 500 --plot out.png]
+  python -m loadtest.loadgen overload --capacity-rps 240 [--multiples 1,1.2,1.5,3]
   python -m loadtest.loadgen single [--requests 200 --items 10 --item-len 300 --query-len 0]
   (any command: [--text repeat|natural] sends strings instead of token ids; loadtest/workload.py)
 
@@ -15,11 +16,15 @@ body; `send_lag_ms` shows how late the client itself was. Stats definitions:
 loadtest/stats.py::aggregate. JSON written by --out:
   {"meta": {...}, "config": {...}, "workload": {...}, "result": point}               (run)
   {..., "p99_bound_ms", "points": [point, ...], "best": point | null, "plot": path}  (sweep)
+  {..., "capacity_items_per_s", "p99_at_capacity_ms", "overload": [{"multiple",
+   "offered_items_per_s", "goodput_items_per_s", "accepted_p99_ms", "refusal_p99_ms",
+   "refused", "other_failures"}, ...], "points": [point, ...]}                     (overload)
   {..., "result": {"requests", "successes", "failed", "failures", "latency_ms"}}      (single)
 where a point is {"offered_rps", "offered_items_per_s", "scheduled_rps", "achieved_rps",
 "achieved_items_per_s", "window_s", "sent", "warmup_requests", "measured_requests", "successes",
 "failed", "failures": {"503" | "timeout" | "connection" | ...: count}, "latency_ms": {"p50",
-"p90", "p99", "max", "mean"}, "send_lag_ms": {...}} (+ "passed" in a sweep).
+"p90", "p99", "max", "mean"}, "refusal_latency_ms": {...} (503s), "send_lag_ms": {...}}
+(+ "passed" in a sweep, "multiple" in an overload run).
 """
 
 from __future__ import annotations
@@ -204,6 +209,38 @@ async def run_sweep(session: aiohttp.ClientSession, base_url: str, workload: Wor
     return {"points": points, "best": pick_best(points, p99_bound_ms)}
 
 
+async def run_overload(session: aiohttp.ClientSession, base_url: str, workload: Workload,
+                       base: RateConfig, capacity_rps: float, multiples: list[float], *,
+                       cooldown_s: float = 2.0, progress: bool = True, report=print) -> dict:
+    """Offer `capacity_rps` × each multiple (1.0 first: the reference point) and report what a
+    service must keep past its capacity: goodput, accepted P99, how fast refusals come back."""
+    points = []
+    for i, multiple in enumerate(multiples):
+        if i and cooldown_s > 0:
+            await asyncio.sleep(cooldown_s)  # let the previous point's queue drain
+        cfg = RateConfig(capacity_rps * multiple, base.duration_s, base.warmup_s, base.arrival,
+                         base.timeout_s, f"{base.seed}:overload:{i}")
+        point, _ = await run_rate(session, base_url, workload, cfg, progress=progress)
+        point["multiple"] = multiple
+        points.append(point)
+        report(f"x{multiple:g}: " + format_point(point))
+    at_capacity = next((p for p in points if p["multiple"] == 1.0), None)
+    return {
+        "capacity_rps": capacity_rps,
+        "capacity_items_per_s": at_capacity and at_capacity["achieved_items_per_s"],
+        "p99_at_capacity_ms": at_capacity and at_capacity["latency_ms"]["p99"],
+        "overload": [{"multiple": p["multiple"],
+                      "offered_items_per_s": p["offered_items_per_s"],
+                      "goodput_items_per_s": p["achieved_items_per_s"],
+                      "accepted_p99_ms": p["latency_ms"]["p99"],
+                      "refusal_p99_ms": p["refusal_latency_ms"]["p99"],
+                      "refused": p["failures"].get("503", 0),
+                      "other_failures": {k: v for k, v in p["failures"].items() if k != "503"}}
+                     for p in points],
+        "points": points,
+    }
+
+
 async def run_single(session: aiohttp.ClientSession, base_url: str, workload: Workload, *,
                      requests: int = 200, warmup_requests: int = 5, timeout_s: float = 30.0,
                      seed: int | str = 0, progress: bool = True) -> dict:
@@ -284,14 +321,21 @@ async def _main(args: argparse.Namespace, argv: list[str]) -> dict:
         cfg = RateConfig(getattr(args, "rate", 0.0), args.duration, args.warmup, args.arrival,
                          args.timeout, args.seed)
         out["config"] = asdict(cfg)
-        if args.command == "sweep":
+        if args.command in ("sweep", "overload"):
             del out["config"]["rate"]
+        if args.command == "sweep":
             out["config"].update(rates=args.rates, start_rate=args.start_rate,
                                  factor=args.factor, max_rate=args.max_rate,
                                  bisect_steps=args.bisect_steps, cooldown_s=args.cooldown)
         if args.command == "run":
             out["result"], _ = await run_rate(session, args.url, workload, cfg, progress=progress)
             print(format_point(out["result"]))
+            return out
+        if args.command == "overload":
+            out["config"].update(multiples=args.multiples, cooldown_s=args.cooldown)
+            out.update(await run_overload(session, args.url, workload, cfg, args.capacity_rps,
+                                          args.multiples, cooldown_s=args.cooldown,
+                                          progress=progress, report=tqdm.write))
             return out
         res = await run_sweep(session, args.url, workload, cfg, args.p99_ms, rates=args.rates,
                               start_rate=args.start_rate, factor=args.factor,

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # End-to-end load test on the GPU machine, from the repo root, in under 10 minutes:
-#   source .device/install.sh && bash loadtest/run_e2e_gpu.sh [RATES]
-# Starts configs/score-gpu.yaml (ingress + one GPU replica, HAProxy front door), measures idle
-# single-request latency (200 sequential requests of 10 items × 300 tokens), the Server-Timing
-# breakdown, and an open-loop Poisson sweep of the bench workload (120-token query + 10 items ×
-# 180 tokens); writes JSON to $OUT (or docs/results) and a summary e2e_gpu.json.
+#   source .device/install.sh && bash loadtest/run_e2e_gpu.sh [RATES] [TEXT_RATES]
+# Starts configs/score-gpu.yaml (ingress + one GPU replica, HAProxy front door), then measures:
+# idle single-request latency (200 sequential requests of 10 items × 300 tokens) and its
+# Server-Timing breakdown; an open-loop Poisson sweep of the bench workload (120-token query +
+# 10 items × 180 tokens) as token ids; the same sweep sent as text (natural words, about the
+# same token counts); and overload at 1, 1.2, 1.5 and 3 × the token-id capacity (the best
+# sweep point). Writes JSON to $OUT (or docs/results) and a summary e2e_gpu.json.
 set -uo pipefail
 rates=${1:-60,100,140,180,220,260}
+text_rates=${2:-$rates}
 config=${CONFIG:-configs/score-gpu.yaml}
 out=${OUT:-docs/results}
 mkdir -p "$out"
@@ -16,24 +19,43 @@ stop_service  # a service left by an earlier run on this machine would answer in
 python3 scripts/make_random_model.py > /dev/null || exit 1
 python3 -m ranker_app.check_config "$config" || exit 1
 start_service "$config" "$out/serve.log"
+sweep() {  # sweep NAME RATES [loadgen args...]
+  local name=$1 r=$2; shift 2
+  python3 -m loadtest.loadgen sweep --rates "$r" --duration 15 --warmup 3 --p99-ms 500 \
+    --no-progress --out "$out/$name.json" --plot "$out/$name.png" "$@"
+}
 python3 -m loadtest.loadgen single --requests 200 --no-progress --out "$out/single.json"
 python3 -m loadtest.timing_probe --requests 100 --out "$out/timing_idle.json"
-python3 -m loadtest.loadgen sweep --rates "$rates" --duration 15 --warmup 3 --p99-ms 500 \
-  --no-progress --out "$out/sweep.json" --plot "$out/sweep.png"
-python3 - "$out" "$rates" "$config" <<'PY'
-import json, sys, torch
-out, rates, config = sys.argv[1:4]
-single = json.load(open(f"{out}/single.json"))["result"]["latency_ms"]
-sweep = json.load(open(f"{out}/sweep.json"))
-best = sweep["best"]
+sweep sweep "$rates"
+sweep sweep_text "$text_rates" --text natural --vocab 151643
+capacity=$(python3 -c "import json; b = json.load(open('$out/sweep.json'))['best']; print(b['offered_rps'] if b else '')")
+if [ -n "$capacity" ]; then
+  python3 -m loadtest.loadgen overload --capacity-rps "$capacity" --multiples 1,1.2,1.5,3 \
+    --duration 15 --warmup 3 --no-progress --out "$out/overload.json"
+fi
+python3 - "$out" "$rates" "$text_rates" "$config" <<'PY'
+import json, os, sys, torch
+out, rates, text_rates, config = sys.argv[1:5]
+load = lambda name: json.load(open(f"{out}/{name}.json"))  # noqa: E731
+single = load("single")["result"]["latency_ms"]
+best, text_best = load("sweep")["best"], load("sweep_text")["best"]
+items = lambda point: point and point["achieved_items_per_s"]  # noqa: E731
+overload = load("overload") if os.path.exists(f"{out}/overload.json") else {}
 summary = {
-    "max_items_per_s_at_p99_500ms": best and best["achieved_items_per_s"],
+    "max_items_per_s_at_p99_500ms": items(best),
     "best_point": best,
     "idle_p50_ms": single["p50"], "idle_p99_ms": single["p99"],
+    "token_capacity_items_per_s": items(best),
+    "text_capacity_items_per_s": items(text_best),
+    "text_max_items_per_s_at_p99_500ms": items(text_best),
+    "capacity_items_per_s": overload.get("capacity_items_per_s"),
+    "p99_at_capacity_ms": overload.get("p99_at_capacity_ms"),
+    "overload": overload.get("overload"),
     "gpu": torch.cuda.get_device_name(),
-    "command": f"source .device/install.sh && CONFIG={config} bash loadtest/run_e2e_gpu.sh {rates}",
+    "command": f"source .device/install.sh && CONFIG={config} bash loadtest/run_e2e_gpu.sh "
+               f"{rates} {text_rates}",
 }
 json.dump(summary, open(f"{out}/e2e_gpu.json", "w"), indent=2)
-print(json.dumps(summary))
+print(json.dumps({k: v for k, v in summary.items() if k != "best_point"}))
 PY
 stop_service

@@ -82,6 +82,9 @@ def aggregate(outcomes: Sequence[Outcome], *, warmup_s: float, duration_s: float
         "failed": sum(failures.values()),
         "failures": dict(sorted(failures.items())),
         "latency_ms": summarize_ms(o.done - o.intended for o in ok),
+        # How fast the excess is turned away: 503s from scheduled send to the answer.
+        "refusal_latency_ms": summarize_ms(o.done - o.intended for o in measured
+                                           if o.kind == "503"),
         "send_lag_ms": summarize_ms((o.sent - o.intended for o in measured), pcts=(50, 99)),
     }
 

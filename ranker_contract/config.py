@@ -61,6 +61,8 @@ class SchedulerConfig(_Settings):
     overlap: bool = Field(True, description="launch batch N+1 before finishing batch N")
     max_queued_tokens: int = Field(0, ge=0, description="per replica; a job beyond → 503; "
                                    "0 = no limit")
+    max_queue_wait_s: float = Field(0, ge=0, description="a sequence not launched this long after "
+                                    "it arrived is answered 503, never computed late; 0 = no bound")
 
 
 class AppConfig(_Settings):

@@ -1,17 +1,23 @@
-"""Errors a scorer replica raises to its callers. No torch here: the ingress imports this."""
+"""What a scorer replica answers instead of scores. No torch here: the ingress imports this."""
 
 from __future__ import annotations
 
 
 class ScorerOverloaded(Exception):
-    """The replica's queue holds more tokens than it may: the request was not queued."""
+    """The scorer refused the job (its token queue was full) or gave up on it (it waited in the
+    queue past the configured bound); nothing of it was computed. The ingress answers 503 with
+    Retry-After.
 
-    def __init__(self, queued_tokens: int, limit: int, retry_after_s: int = 1) -> None:
-        # All fields in args: pickling (Ray sends the exception to the caller) rebuilds from them.
-        super().__init__(queued_tokens, limit, retry_after_s)
-        self.queued_tokens = queued_tokens
-        self.limit = limit
+    NOTE: a replica returns this as a value rather than raising it across Ray: Serve logs every
+    exception that leaves a replica with its traceback, a cost the service should not pay for
+    each refusal just when it is full.
+    """
+
+    def __init__(self, reason: str, retry_after_s: int = 1) -> None:
+        # All fields in args: pickling (Ray sends it to the caller) rebuilds from them.
+        super().__init__(reason, retry_after_s)
+        self.reason = reason
         self.retry_after_s = retry_after_s
 
     def __str__(self) -> str:
-        return f"{self.queued_tokens} tokens already queued (limit {self.limit})"
+        return self.reason

@@ -61,8 +61,9 @@ async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     return await _api_error(_, ApiError(exc.status_code, str(exc.detail)))
 
 
-def _at_capacity(retry_after_s: float | None) -> ApiError:
-    return ApiError(503, "the scorer replicas are at capacity; retry later",
+def _at_capacity(retry_after_s: float | None, reason: str = "") -> ApiError:
+    return ApiError(503, "the scorer replicas are at capacity; retry later"
+                    + (f" ({reason})" if reason else ""),
                     headers={"Retry-After": str(max(1, round(retry_after_s or 1)))})
 
 
@@ -155,8 +156,8 @@ class ScoreIngress:
         # Failures of the scorer reach the client in the same envelope as every other error.
         for attempt in range(1 + REPLICA_LOST_RETRIES):
             try:
-                return await self.worker.score.remote(job)
-            except (ScorerOverloaded, BackPressureError) as exc:  # token queue / Serve's queue
+                result = await self.worker.score.remote(job)
+            except BackPressureError as exc:  # Serve's queue in front of the scorers is full
                 raise _at_capacity(exc.retry_after_s) from None
             except RayActorError as exc:
                 # The replica died or became unreachable with our job. Scoring is idempotent,
@@ -168,8 +169,13 @@ class ScoreIngress:
                                type(exc).__name__)
                 self.metrics.retries.inc()
                 await asyncio.sleep(REPLICA_LOST_BACKOFF_S * 2**attempt)
+                continue
             except Exception as exc:  # noqa: BLE001 - anything else is the server's fault
                 logger.exception("scoring failed")
                 raise ApiError(500, f"scoring failed: {type(exc).__name__}") from None
+            if isinstance(result, ScorerOverloaded):  # the scorer's answer, not a failure
+                logger.info("refused: %s", result)
+                raise _at_capacity(result.retry_after_s, str(result))
+            return result
         raise AssertionError("unreachable")
 

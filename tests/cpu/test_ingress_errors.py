@@ -18,7 +18,7 @@ RESULT = [[[-0.5, -1.5]]]
 
 class _ScriptedHandle:
     """Stands in for the scorer's DeploymentHandle: `.score.remote(job)` raises the scripted
-    errors in turn, then returns RESULT."""
+    errors in turn (a ScorerOverloaded is returned, as the replica does), then returns RESULT."""
 
     def __init__(self, *errors: Exception) -> None:
         self.score = self
@@ -28,7 +28,10 @@ class _ScriptedHandle:
     async def remote(self, job):
         self.calls += 1
         if self.errors:
-            raise self.errors.pop(0)
+            error = self.errors.pop(0)
+            if isinstance(error, ScorerOverloaded):
+                return error
+            raise error
         return RESULT
 
 
@@ -70,9 +73,10 @@ def test_scorer_backpressure_is_503_with_retry_after():
 
 
 def test_full_token_queue_is_503_with_retry_after():
-    err = _error(ScorerOverloaded(queued_tokens=9000, limit=8192))
+    err = _error(ScorerOverloaded("9000 tokens already queued (limit 8192)"))
     assert err.status == 503 and err.headers == {"Retry-After": "1"}
-    assert "capacity" in err.message
+    assert err.message == ("the scorer replicas are at capacity; retry later (9000 tokens "
+                           "already queued (limit 8192))")
 
 
 @pytest.mark.parametrize("lost", [ActorDiedError(), ActorUnavailableError("gone", b"\0" * 16)],
@@ -102,7 +106,7 @@ def test_fourth_lost_replica_is_a_503_not_a_fifth_try():
 
 
 def test_overload_error_keeps_its_fields_through_pickling():
-    # Ray pickles a replica's exception to the caller; Retry-After comes from the copy.
-    copy = pickle.loads(pickle.dumps(ScorerOverloaded(queued_tokens=9000, limit=8192,
+    # Ray pickles the replica's refusal to the caller; Retry-After comes from the copy.
+    copy = pickle.loads(pickle.dumps(ScorerOverloaded("9000 tokens already queued (limit 8192)",
                                                       retry_after_s=3)))
     assert str(copy) == "9000 tokens already queued (limit 8192)" and copy.retry_after_s == 3

@@ -19,7 +19,7 @@ SMOL = ["--vocab", "49152", "--labels", "10539,5230", "--query-len", "16", "--it
 POINT_FIELDS = {"offered_rps", "offered_items_per_s", "scheduled_rps", "achieved_rps",
                 "achieved_items_per_s", "window_s", "sent", "warmup_requests",
                 "measured_requests", "successes", "failed", "failures", "latency_ms",
-                "send_lag_ms"}
+                "refusal_latency_ms", "send_lag_ms"}
 LATENCY_FIELDS = {"p50", "p90", "p99", "max", "mean"}
 
 
@@ -56,6 +56,7 @@ def test_aggregate_window_failures_and_throughput():
     assert p["latency_ms"] == {"p50": 300.0, "p90": 400.0, "p99": 400.0, "max": 400.0,
                                "mean": 266.667}
     assert p["send_lag_ms"]["max"] == 2.0
+    assert p["refusal_latency_ms"]["max"] == 200.0  # the one 503: scheduled 2.0, answered 2.2
     # completed successes in [1, 3): the ones done at 1.2, 1.1 and 1.8
     assert (p["achieved_rps"], p["achieved_items_per_s"]) == (1.5, 15.0)
     assert not passes(p, 10_000)  # failures disqualify
@@ -184,6 +185,23 @@ def test_sweep_smoke_writes_plot_and_best_respects_bound(server_url, tmp_path):
     assert best is not None and best["failed"] == 0 and best["latency_ms"]["p99"] <= bound
     passing = [p for p in doc["points"] if p["passed"]]
     assert best["achieved_items_per_s"] == max(p["achieved_items_per_s"] for p in passing)
+
+
+def test_overload_smoke_reports_each_multiple(server_url, tmp_path):
+    doc = loadgen.main(["overload", "--url", server_url, "--capacity-rps", "2",
+                        "--multiples", "1,2", "--arrival", "constant", "--duration", "1.5",
+                        "--warmup", "0.5", "--cooldown", "0", "--out",
+                        str(tmp_path / "overload.json"), *SMOL])
+    assert [p["offered_rps"] for p in doc["points"]] == [2.0, 4.0]
+    assert [o["multiple"] for o in doc["overload"]] == [1.0, 2.0]
+    first = doc["points"][0]
+    assert doc["capacity_items_per_s"] == first["achieved_items_per_s"]
+    assert doc["p99_at_capacity_ms"] == first["latency_ms"]["p99"]
+    for row, point in zip(doc["overload"], doc["points"]):
+        assert row["offered_items_per_s"] == point["offered_items_per_s"]
+        assert row["goodput_items_per_s"] == point["achieved_items_per_s"]
+        assert row["refused"] == point["failures"].get("503", 0)
+        assert row["refusal_p99_ms"] is None if row["refused"] == 0 else row["refusal_p99_ms"] > 0
 
 
 def test_single_smoke(server_url, tmp_path):

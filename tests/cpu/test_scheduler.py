@@ -9,12 +9,14 @@ from __future__ import annotations
 import queue
 import random
 import threading
+import time
 
 import pytest
 
 from gpu_worker.engine import Engine, ScoreTask, Step
 from gpu_worker.scheduler import QueueDepth, Scheduler
 from ranker_contract.config import SchedulerConfig
+from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 
 TIMEOUT_S = 30.0
@@ -186,3 +188,25 @@ def test_cancelled_task_is_dropped_unscored(engine, sequences):
         assert collector.done.empty()  # no callback for the dropped task
     finally:
         scheduler.stop()
+
+
+def test_task_waiting_past_the_queue_bound_is_refused_not_computed(engine, sequences):
+    """A task that arrived 10 s ago with a 5 s bound is answered ScorerOverloaded and never
+    launched; a fresh task behind it is scored. Arrival times are set, not waited for."""
+    spy = SpyEngine(engine)
+    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=8,
+                                               max_queue_wait_s=5))
+    collector = Collector()
+    stale, fresh = sequences[0], sequences[1]
+    scheduler.submit(ScoreTask(stale, LABELS, collector.callback(0),
+                               arrived=time.monotonic() - 10))
+    scheduler.submit(ScoreTask(fresh, LABELS, collector.callback(1)))
+    scheduler.start()
+    try:
+        results = collector.wait(2)
+    finally:
+        scheduler.stop()
+    assert isinstance(results[0], ScorerOverloaded) and "in the queue (limit 5 s)" in str(results[0])
+    assert isinstance(results[1], list) and len(results[1]) == fresh.num_items
+    assert spy.batches == [[id(fresh)]]
+    assert scheduler.expired_dropped == 1 and scheduler.depth() == IDLE

@@ -9,8 +9,8 @@ computed here from item lengths, in pure Python, so the worker never scans token
 - score_rows: the last token of each item (index of the D after it, minus 1). An empty item scores
   at the last query token (P-1): the state after the query alone, which is what scoring Q + [] alone
   gives. (Its opening D would not do: a delimiter row has its own embedding.)
-- A plain causal sequence (item_first, or any "request with no items") has prefix_len = its length,
-  no token_pos_in_items and one score row: its last token.
+- A plain causal sequence (item_first, an empty query, or an item too long to share a sequence)
+  has prefix_len = its length, no token_pos_in_items and one score row: its last token.
 
 A sequence that would exceed `max_seq_tokens` is split at item boundaries; `item_offset` says
 where its items sit in the request so results are merged back in order.
@@ -129,6 +129,10 @@ def pack_request(
             )
     if item_first:
         return [_checked_plain(item + query, k, max_seq_tokens) for k, item in enumerate(items)]
+    if not query:
+        # No shared prefix to compute once: each item is its own causal sequence, so attention
+        # costs each item's length squared instead of the whole packed length's.
+        return [_checked_plain(item, k, max_seq_tokens) for k, item in enumerate(items)]
 
     sequences: list[PackedSequence] = []
     start = 0

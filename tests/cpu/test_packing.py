@@ -71,6 +71,20 @@ def test_item_first_gives_one_plain_sequence_per_item():
     assert [s.item_offset for s in seqs] == [0, 1]
 
 
+def test_empty_query_gives_one_plain_sequence_per_item():
+    # No shared prefix: no delimiters and no multi-item mask, each item attends to itself only.
+    seqs = pack_request([], [[3], [4, 5]], item_first=False, delimiter_id=D,
+                        max_seq_tokens=100, max_context=100)
+    assert [s.input_ids for s in seqs] == [[3], [4, 5]]
+    assert [s.positions for s in seqs] == [[0], [0, 1]]
+    assert [s.prefix_len for s in seqs] == [1, 2] and [s.score_rows for s in seqs] == [[0], [1]]
+    assert [s.item_offset for s in seqs] == [0, 1]
+    with pytest.raises(PackingError) as err:
+        pack_request([], [[3], []], item_first=False, delimiter_id=D, max_seq_tokens=100,
+                     max_context=100)
+    assert err.value.item_index == 1
+
+
 def test_split_at_item_boundaries_keeps_order():
     query, items = [1, 2], [[3, 3], [4], [5, 5, 5], [6]]
     # 2 (query) + 1 (final D) + (len + 1) per item: budget 8 fits [3,3]+[4] (3+3+2 = 8);

@@ -1,0 +1,89 @@
+"""Latency of one lone request in the engine, per request shape: wall time and GPU time.
+
+Usage: python -m loadtest.engine_latency [--repeats 30] [--out docs/results/engine_latency.json]
+The engine is built from configs/score-gpu.yaml; each request is packed the way the ingress packs
+it (`pack_request`, so an empty query gives one plain sequence per item) and run alone through
+`Engine.launch` + `finish`. Wall: median over the repeats, host preparation included. Kernel:
+the CUDA kernels' own time per step from the torch profiler (a launch-bound step has far less
+kernel time than wall time). A request with an empty query is also run packed as one multi-item
+sequence (`pack_multi_item`, the packing before plain sequences were used for it), for
+comparison. Prints a table; writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from gpu_worker.engine import Engine, ScoreTask
+from loadtest import RESULTS_DIR
+from loadtest.configs import shipped_app_config
+from loadtest.workload import RequestFactory, Workload
+from ranker_contract.packing import pack_multi_item, pack_request
+
+CONFIG = "score-gpu.yaml"
+# (query tokens, items, tokens per item): the bench shape, a lone item, the no-query shape of
+# `loadgen single`, a large request, and a short query.
+SHAPES = [(120, 10, 180), (0, 1, 300), (0, 10, 300), (120, 50, 200), (20, 20, 100)]
+
+
+def measure(engine: Engine, tasks: list[ScoreTask], repeats: int) -> tuple[float, float]:
+    """Median wall ms of `repeats` lone steps (after 3 warm-up steps), and kernel ms per step."""
+    for _ in range(3):
+        engine.finish(engine.launch(tasks))
+    walls = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        engine.finish(engine.launch(tasks))
+        walls.append((time.perf_counter() - t0) * 1e3)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            engine.finish(engine.launch(tasks))
+    kernel_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return statistics.median(walls), kernel_us / 5 / 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_latency.json")
+    args = p.parse_args()
+    app = shipped_app_config(CONFIG)
+    engine = Engine.from_config(app.resolved_model_path(), app.engine)
+    rows = []
+    for query_len, items, item_len in SHAPES:
+        workload = Workload(query_len=query_len, items=items, item_len=item_len)
+        query, item_ids = RequestFactory(workload, seed=0).token_ids()
+        packings = {"request": pack_request(
+            query, item_ids, item_first=False, delimiter_id=0,
+            max_seq_tokens=app.limits.max_seq_tokens, max_context=32768)}
+        if not query:
+            packings["multi-item"] = [pack_multi_item(query, item_ids, 0)]
+        for packing, sequences in packings.items():
+            tasks = [ScoreTask(seq, list(workload.labels), lambda _: None) for seq in sequences]
+            wall_ms, kernel_ms = measure(engine, tasks, args.repeats)
+            rows.append({"query_len": query_len, "items": items, "item_len": item_len,
+                         "packing": packing, "sequences": len(sequences),
+                         "tokens": sum(s.num_tokens for s in sequences),
+                         "wall_ms": round(wall_ms, 2), "kernel_ms": round(kernel_ms, 2)})
+    out = {"rows": rows, "repeats": args.repeats, "gpu": torch.cuda.get_device_name(),
+           "command": "python -m loadtest.engine_latency " + " ".join(sys.argv[1:]),
+           "engine": app.engine.model_dump()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(f"{'request':>18s} {'packing':>10s} {'seqs':>5s} {'tokens':>7s} {'wall ms':>8s} "
+          f"{'kernel ms':>9s}")
+    for r in rows:
+        shape = f"{r['query_len']} + {r['items']} x {r['item_len']}"
+        print(f"{shape:>18s} {r['packing']:>10s} {r['sequences']:5d} {r['tokens']:7d} "
+              f"{r['wall_ms']:8.2f} {r['kernel_ms']:9.2f}")
+
+if __name__ == "__main__":
+    main()

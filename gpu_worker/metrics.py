@@ -15,7 +15,8 @@ from gpu_worker.scheduler import Scheduler
 PUBLISH_INTERVAL_S = 0.5
 TOKEN_BUCKETS = [256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 SEQUENCE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-STEP_BUCKETS_S = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30]
+STEP_BUCKETS_S = [0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1,
+                  2, 5, 10, 30, 60, 120]
 
 
 class WorkerMetrics:

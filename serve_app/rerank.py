@@ -83,7 +83,8 @@ class RerankPrompter:
         """(prefix ids, items = document ids + suffix ids, number of truncated documents)."""
         prefix, lead = self.render_prefix(req.query, req.instruction)
         prefix_ids = self.tokenizer.encode_query(prefix)
-        docs = self.tokenizer.encode_items([lead + d for d in req.documents]) if req.documents else []
+        docs = self.tokenizer.encode_items([lead + d for d in req.documents]) \
+            if req.documents else []
         truncated = 0
         if req.max_tokens_per_doc is not None:
             truncated = sum(len(d) > req.max_tokens_per_doc for d in docs)

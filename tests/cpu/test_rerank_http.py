@@ -175,7 +175,8 @@ def test_bad_inputs_are_4xx_naming_the_field(client, route, body, status, param)
 
 
 def test_not_json_is_a_400(client):
-    r = client.post("/v2/rerank", content=b"{not json", headers={"content-type": "application/json"})
+    r = client.post("/v2/rerank", content=b"{not json",
+                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "body"
 
 
@@ -192,7 +193,8 @@ def test_openapi_shows_both_routes_with_an_example(client):
 LABELLED = [
     ("What is the capital of France?", "Paris is the capital and most populous city of France."),
     ("How many legs does a spider have?", "Spiders have eight legs attached to the cephalothorax."),
-    ("Who wrote Romeo and Juliet?", "Romeo and Juliet is a tragedy written by William Shakespeare."),
+    ("Who wrote Romeo and Juliet?",
+     "Romeo and Juliet is a tragedy written by William Shakespeare."),
     ("What is the boiling point of water?", "At sea level, water boils at 100 degrees Celsius."),
     ("What do bees make?", "Honey bees produce honey from the nectar of flowers."),
 ]
@@ -223,3 +225,34 @@ def test_langchain_cohere_rerank_compresses_documents(server_url):
     assert scores == sorted(scores, reverse=True)
     assert {d.metadata["k"] for d in out} < {0, 1, 2}
     assert all(d.page_content == DOCS[d.metadata["k"]] for d in out)
+
+
+# ---- near-valid bodies: whatever the mix, the answer is a 200 or an enveloped 4xx -----------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_TEXT = st.text(max_size=12)
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), _TEXT, st.lists(_TEXT, max_size=2))
+_DOC = st.one_of(_TEXT, st.fixed_dictionaries({"text": _TEXT}), _ANY)
+_BODY = st.fixed_dictionaries({}, optional={
+    "query": st.one_of(_TEXT, _ANY), "documents": st.one_of(st.lists(_DOC, max_size=3), _ANY),
+    "top_n": _ANY, "return_documents": _ANY, "max_tokens_per_doc": _ANY,
+    "instruction": st.one_of(_TEXT, _ANY), "model": st.one_of(_TEXT, _ANY)})
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=_BODY, route=st.sampled_from(["/v1/rerank", "/v2/rerank"]))
+def test_near_valid_bodies_never_give_a_5xx(client, body, route):
+    r = client.post(route, json=body)
+    assert r.status_code < 500, r.text
+    if r.status_code != 200:
+        error = r.json()["error"]
+        assert error["code"] == r.status_code and error["param"]
+        return
+    out = r.json()
+    n = len(body["documents"])
+    expected = n if body.get("top_n") is None else min(n, body["top_n"])
+    assert len(out["results"]) == expected
+    assert all(0.0 <= res["relevance_score"] <= 1.0 for res in out["results"])

@@ -39,8 +39,8 @@ CUSTOM = RerankConfig(template="custom", prompt=RerankPrompt(
     prefix="Task: {instruction}\nQuery: {query}\n", document="Passage: {document}",
     suffix="\nRelevant? Answer:", yes_label=" yes", no_label=" no",
     default_instruction="find passages about the query"))
-RERANK_CONFIGS = {"yes_no": RerankConfig(template="yes_no"), "qwen3": RerankConfig(template="qwen3"),
-                  "custom": CUSTOM}
+RERANK_CONFIGS = {"yes_no": RerankConfig(template="yes_no"),
+                  "qwen3": RerankConfig(template="qwen3"), "custom": CUSTOM}
 QWEN_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 
 

@@ -4,7 +4,8 @@
     ├── model_path, served_model_name
     ├── limits     Limits           what one request may be (ingress; max_seq_tokens: both sides)
     ├── engine     EngineConfig     how a scorer replica computes (device, dtype, kernels)
-    └── scheduler  SchedulerConfig  how a scorer replica batches and admits work
+    ├── scheduler  SchedulerConfig  how a scorer replica batches and admits work
+    └── rerank     RerankConfig     the prompt template of /v1/rerank and /v2/rerank (ingress)
 
 Every default and every check is written here once. Serve validates the YAML `args` into
 AppConfig (the annotation of ranker_app.app.build_app); each side reads its part of it.
@@ -65,6 +66,74 @@ class SchedulerConfig(_Settings):
                                     "it arrived is answered 503, never computed late; 0 = no bound")
 
 
+class RerankPrompt(_Settings):
+    """One rerank prompt: `prefix` (with {query}, optional {instruction}) + per document
+    `document` (with {document}) + `suffix`; the score is P(yes) / (P(yes) + P(no)) at the
+    last suffix token. Each label must be exactly one token of the model (checked at start-up)."""
+
+    prefix: str
+    document: str = "{document}"
+    suffix: str
+    yes_label: str
+    no_label: str
+    default_instruction: str = ""
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> RerankPrompt:
+        if "{query}" not in self.prefix:
+            raise ValueError("rerank prefix must contain {query}")
+        if self.document.count("{document}") != 1:
+            raise ValueError("rerank document must contain {document} exactly once")
+        if self.yes_label == self.no_label:
+            raise ValueError("rerank yes_label and no_label must differ")
+        return self
+
+
+# The Qwen3-Reranker model card's format (a chat: system, user, assistant with an empty think).
+QWEN3_PROMPT = RerankPrompt(
+    prefix="<|im_start|>system\nJudge whether the Document meets the requirements based on the "
+    'Query and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n<Instruct>: {instruction}\n<Query>: {query}\n<Document>: ",
+    suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    yes_label="yes",
+    no_label="no",
+    default_instruction="Given a web search query, retrieve relevant passages that answer "
+    "the query",
+)
+
+# A generic yes/no question for ChatML instruction models (SmolLM2, Qwen2/3 instruct).
+YES_NO_PROMPT = RerankPrompt(
+    prefix="<|im_start|>system\nYou judge search results. Answer only yes or no.<|im_end|>\n"
+    "<|im_start|>user\n{instruction}\nQuery: {query}\nDocument: ",
+    suffix="\nDoes the document answer the query?<|im_end|>\n<|im_start|>assistant\n",
+    yes_label="yes",
+    no_label="no",
+    default_instruction="Decide whether the document is relevant to the query.",
+)
+
+BUILTIN_PROMPTS = {"qwen3": QWEN3_PROMPT, "yes_no": YES_NO_PROMPT}
+
+
+class RerankConfig(_Settings):
+    template: Literal["yes_no", "qwen3", "custom"] = Field(
+        "yes_no", description="a built-in prompt, or `custom` (then `prompt` is required)")
+    prompt: RerankPrompt | None = Field(None, description="the custom template's strings")
+    default_instruction: str | None = Field(
+        None, description="overrides the template's default instruction; requests may override")
+
+    @model_validator(mode="after")
+    def _custom_needs_prompt(self) -> RerankConfig:
+        if (self.template == "custom") != (self.prompt is not None):
+            raise ValueError("rerank.prompt is required with template 'custom' and only then")
+        return self
+
+    def resolved_prompt(self) -> RerankPrompt:
+        prompt = self.prompt if self.prompt is not None else BUILTIN_PROMPTS[self.template]
+        if self.default_instruction is None:
+            return prompt
+        return prompt.model_copy(update={"default_instruction": self.default_instruction})
+
+
 class AppConfig(_Settings):
     model_path: str = Field("models/smollm2-135m-instruct",
                             description="HF folder; relative paths start at the repository")
@@ -72,6 +141,7 @@ class AppConfig(_Settings):
     limits: Limits = Limits()
     engine: EngineConfig = EngineConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    rerank: RerankConfig = RerankConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:

@@ -19,7 +19,9 @@ from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import ScoreJob, merge_results
 from serve_app.metrics import IngressMetrics
-from serve_app.protocol import ApiError, ErrorResponse, ScoreRequest, ScoreResponse, Usage
+from serve_app.protocol import (RERANK_EXAMPLE, ApiError, ErrorResponse, RerankRequest,
+                                RerankResponse, ScoreRequest, ScoreResponse, Usage)
+from serve_app.rerank import RerankPrompter, build_response, check_rerank, relevance
 from serve_app.scoring import pack, to_scores, tokenize
 from serve_app.tokenizer import TextTokenizer
 from serve_app.validate import ParsedRequest, check_request, parse_body
@@ -37,6 +39,15 @@ _SCORE_OPENAPI = {
         "content": {"application/json": {"schema": ScoreRequest.model_json_schema()}},
     }
 }
+
+_RERANK_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": RerankRequest.model_json_schema(),
+                                         "example": RERANK_EXAMPLE}},
+    }
+}
+_ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 413, 503)}
 
 HEALTH_TIMEOUT_S = 5.0
 # A job whose replica died is sent again, after a pause that doubles each time: until Ray has
@@ -67,6 +78,15 @@ def _at_capacity(retry_after_s: float | None, reason: str = "") -> ApiError:
                     headers={"Retry-After": str(max(1, round(retry_after_s or 1)))})
 
 
+def _server_timing(started: float, parsed: float, tokenized: float, packed: float,
+                   scored: float) -> dict[str, str]:
+    # Server-Timing (a standard header) lets clients and load tests see where time went.
+    timing = {"parse": parsed - started, "tokenize": tokenized - parsed,
+              "pack": packed - tokenized, "worker": scored - packed,
+              "ingress": time.perf_counter() - started}
+    return {"Server-Timing": ", ".join(f"{name};dur={s * 1e3:.2f}" for name, s in timing.items())}
+
+
 # NOTE: helpers the class uses are defined above it: serve.ingress pickles a copy of the app
 # and its route functions when it decorates the class, so their globals must exist by then.
 @serve.deployment(**DEFAULT_OPTIONS)
@@ -82,27 +102,46 @@ class ScoreIngress:
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
         self.metrics = IngressMetrics()
+        # A label that is not exactly one token fails the replica's start, naming it.
+        self.rerank_prompt = config.rerank.resolved_prompt()
+        self.prompter = RerankPrompter(self.rerank_prompt, self.tokenizer)
 
     @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
-              responses={code: {"model": ErrorResponse} for code in (400, 413, 503)})
+              responses=_ERROR_RESPONSES)
     async def score(self, request: Request) -> JSONResponse:
+        return await self._observed("/v1/score", self._score, request)
+
+    @app.post("/v1/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
+              responses=_ERROR_RESPONSES, summary="Rerank (Cohere v1 / Jina shape)")
+    async def rerank_v1(self, request: Request) -> JSONResponse:
+        return await self._observed("/v1/rerank", self._rerank, request, "1")
+
+    @app.post("/v2/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
+              responses=_ERROR_RESPONSES, summary="Rerank (Cohere v2 shape)")
+    async def rerank_v2(self, request: Request) -> JSONResponse:
+        return await self._observed("/v2/rerank", self._rerank, request, "2")
+
+    async def _observed(self, route: str, handler, request: Request, *args) -> JSONResponse:
+        """Latency and error metrics around one route's handler, tagged with the route."""
         started = time.perf_counter()
         status = 500
         try:
-            response = await self._score(request, started)
+            response = await handler(request, started, *args)
             status = response.status_code
             return response
         except ApiError as exc:
             status = exc.status
-            self.metrics.errors.inc(tags={"error_type": exc.kind, "status": str(status)})
+            self.metrics.errors.inc(tags={"error_type": exc.kind, "status": str(status),
+                                          "route": route})
             raise
         except asyncio.CancelledError:
             status = 499  # the client went away or its timeout passed
-            self.metrics.errors.inc(tags={"error_type": "Cancelled", "status": "499"})
+            self.metrics.errors.inc(tags={"error_type": "Cancelled", "status": "499",
+                                          "route": route})
             raise
         finally:
             self.metrics.latency_ms.observe((time.perf_counter() - started) * 1e3,
-                                            tags={"status": str(status)})
+                                            tags={"status": str(status), "route": route})
 
     async def _score(self, request: Request, started: float) -> JSONResponse:
         # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with
@@ -112,7 +151,8 @@ class ScoreIngress:
         parsed = time.perf_counter()
         query, items = await self._tokenize(req)
         tokenized = time.perf_counter()
-        sequences = pack(req, query, items, self.limits, self.max_context)  # [] for no items
+        sequences = pack(query, items, self.limits, self.max_context,  # [] for no items
+                         item_first=req.item_first)
         packed = time.perf_counter()
         results = await self._call_worker(ScoreJob(sequences, req.label_ids)) if sequences else []
         scored = time.perf_counter()
@@ -125,12 +165,28 @@ class ScoreIngress:
         )
         if req.is_text:
             self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
-        # Server-Timing (a standard header) lets clients and load tests see where time went.
-        timing = {"parse": parsed - started, "tokenize": tokenized - parsed,
-                  "pack": packed - tokenized, "worker": scored - packed,
-                  "ingress": time.perf_counter() - started}
-        header = ", ".join(f"{name};dur={s * 1e3:.2f}" for name, s in timing.items())
-        return JSONResponse(response.model_dump(), headers={"Server-Timing": header})
+        return JSONResponse(response.model_dump(), headers=_server_timing(
+            started, parsed, tokenized, packed, scored))
+
+    async def _rerank(self, request: Request, started: float, api_version: str) -> JSONResponse:
+        req = check_rerank(parse_body(await request.body(), self.limits, RerankRequest),
+                           self.limits, self.rerank_prompt.default_instruction)
+        parsed = time.perf_counter()
+        # In a thread, as for /v1/score: long documents must not stall other requests.
+        prefix, items, truncated = await asyncio.to_thread(self.prompter.tokenize, req)
+        tokenized = time.perf_counter()
+        sequences = pack(prefix, items, self.limits, self.max_context, field="documents")
+        packed = time.perf_counter()
+        job = ScoreJob(sequences, self.prompter.label_ids)
+        results = await self._call_worker(job) if sequences else []
+        scored = time.perf_counter()
+        logprobs = merge_results(sequences, results, len(items))
+        body = build_response(req, [relevance(row) for row in logprobs],
+                              sum(s.num_tokens for s in sequences), truncated, api_version,
+                              req.model or self.model_name)
+        self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
+        return JSONResponse(body, headers=_server_timing(started, parsed, tokenized, packed,
+                                                         scored))
 
     async def _tokenize(self, req: ParsedRequest) -> tuple[list[int], list[list[int]]]:
         if not req.is_text:

@@ -13,12 +13,12 @@ TOKENIZE_BUCKETS_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 500, 1000, 5000]
 
 class IngressMetrics:
     def __init__(self) -> None:
-        self.latency_ms = Histogram("ranker_request_latency_ms", "POST /v1/score latency in the "
-                                    "ingress, by HTTP status", boundaries=LATENCY_BUCKETS_MS,
-                                    tag_keys=("status",))
+        self.latency_ms = Histogram("ranker_request_latency_ms", "POST /v1/score, /v1/rerank and "
+                                    "/v2/rerank latency in the ingress, by route and HTTP status",
+                                    boundaries=LATENCY_BUCKETS_MS, tag_keys=("status", "route"))
         self.tokenize_ms = Histogram("ranker_tokenize_ms", "Tokenizing one request's text",
                                      boundaries=TOKENIZE_BUCKETS_MS)
-        self.errors = Counter("ranker_errors", "Failed score requests, by error type and status",
-                              tag_keys=("error_type", "status"))
+        self.errors = Counter("ranker_errors", "Failed requests, by error type, status and route",
+                              tag_keys=("error_type", "status", "route"))
         self.retries = Counter("ranker_scorer_retries", "Scoring calls sent again to another "
                                "replica because the first replica was lost")

@@ -1,4 +1,5 @@
-"""HTTP schema of /v1/score (SGLang-compatible) and the OpenAI-style error envelope."""
+"""HTTP schemas: /v1/score (SGLang-compatible), /v1/rerank and /v2/rerank (Cohere- and
+Jina-compatible), and the OpenAI-style error envelope."""
 
 from __future__ import annotations
 
@@ -45,6 +46,57 @@ class ScoreResponse(BaseModel):
     model: str
     usage: Usage
     object: Literal["scoring"] = "scoring"
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: StrictStr
+
+
+class RerankRequest(BaseModel):
+    """Cohere's v2 body, plus v1's `return_documents` and `{"text": ...}` documents (both
+    routes accept both), plus `instruction` (this service's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = Field(default=None, description="Echoed back in the response.")
+    query: StrictStr | None = Field(default=None, description="Required.")
+    documents: list[StrictStr | RerankDocument] | None = Field(
+        default=None, description='Required: strings, or objects {"text": string}.')
+    top_n: StrictInt | None = Field(
+        default=None, ge=1, description="Return the best n results; all when omitted.")
+    return_documents: StrictBool = Field(
+        default=False, description="Add `document: {text}` to each result.")
+    max_tokens_per_doc: StrictInt | None = Field(
+        default=None, ge=1, description="Truncate each document to this many tokens. Without "
+        "it a document too long for the model is an error (nothing is truncated silently).")
+    instruction: StrictStr | None = Field(
+        default=None, description="Replaces the configured default instruction of the prompt.")
+
+
+RERANK_EXAMPLE = {
+    "model": "smollm2-135m-instruct",
+    "query": "What is the capital of France?",
+    "documents": ["Paris is the capital and largest city of France.",
+                  "Bananas are rich in potassium."],
+    "top_n": 1,
+    "return_documents": True,
+}
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None  # only with return_documents
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult]
+    meta: dict = Field(description="api_version, billed_units, tokens, truncated_documents")
+    usage: dict = Field(description="Jina's shape: {total_tokens}")
 
 
 class ErrorBody(BaseModel):

@@ -23,17 +23,19 @@ def tokenize(req: ParsedRequest, tokenizer: TextTokenizer) -> tuple[list[int], l
     return query, items
 
 
-def pack(req: ParsedRequest, query: list[int], items: list[list[int]], limits: Limits,
-         max_context: int) -> list[PackedSequence]:
-    """The request's sequences (ranker_contract/packing.py); limits are 413/400 naming the item."""
-    check_token_count(query, items, limits)
+def pack(query: list[int], items: list[list[int]], limits: Limits, max_context: int, *,
+         item_first: bool = False, field: str = "items") -> list[PackedSequence]:
+    """The request's sequences (ranker_contract/packing.py); limits are 413/400 naming the item
+    as `field[k]`."""
+    check_token_count(query, items, limits, field)
     try:
         return pack_request(
-            query, items, item_first=req.item_first, delimiter_id=DELIMITER_ID,
+            query, items, item_first=item_first, delimiter_id=DELIMITER_ID,
             max_seq_tokens=limits.max_seq_tokens, max_context=max_context,
         )
     except PackingError as exc:
-        raise ApiError(400, f"items[{exc.item_index}]: {exc}", f"items[{exc.item_index}]") from None
+        param = f"{field}[{exc.item_index}]"
+        raise ApiError(400, f"{param}: {exc}", param) from None
 
 
 def to_scores(logprobs: list[float], apply_softmax: bool) -> list[float]:

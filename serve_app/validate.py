@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ranker_contract.config import Limits
 from serve_app.protocol import ApiError, ScoreRequest
@@ -25,10 +26,15 @@ class ParsedRequest:
 _UNION_MESSAGES = {
     "query": "query must be a string or a list of token ids (integers)",
     "items": "items must be a string, a list of strings, or a list of token-id lists",
+    "documents": 'documents must be a list of strings or of objects {"text": string}',
 }
 
 
-def parse_body(body: bytes, limits: Limits) -> ScoreRequest:
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(body: bytes, limits: Limits, schema: type[M] = ScoreRequest) -> M:
+    """The body as `schema`; every malformed input is a 4xx naming the field."""
     if len(body) > limits.max_body_bytes:
         raise ApiError(413, f"request body is larger than {limits.max_body_bytes} bytes", "body")
     try:
@@ -38,7 +44,7 @@ def parse_body(body: bytes, limits: Limits) -> ScoreRequest:
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", "body")
     try:
-        return ScoreRequest.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as exc:
         raise _describe(exc) from None
 
@@ -64,6 +70,10 @@ def _describe(exc: ValidationError) -> ApiError:
     err = exc.errors()[0]
     loc = err["loc"]
     field = str(loc[0]) if loc else None
+    if field == "documents" and len(loc) > 1 and isinstance(loc[1], int):
+        # One of the union's members failed; name the document, not pydantic's member tag.
+        param = f"documents[{loc[1]}]"
+        return ApiError(400, f'{param} must be a string or an object {{"text": string}}', param)
     if err["type"] == "extra_forbidden":
         return ApiError(400, f"unknown field {field!r}", field)
     if field in _UNION_MESSAGES:
@@ -104,20 +114,20 @@ def check_request(req: ScoreRequest, limits: Limits, vocab_size: int) -> ParsedR
     if items and items_are_text != is_text:
         raise ApiError(400, "query and items must both be text or both be token ids", "items")
     if is_text:
-        _check_text(query, "query")
+        check_text(query, "query")
         for k, item in enumerate(items):
-            _check_text(item, f"items[{k}]")
+            check_text(item, f"items[{k}]")
     else:
         _check_token_ids(query, "query", vocab_size)
         for k, item in enumerate(items):
             _check_token_ids(item, f"items[{k}]", vocab_size)
     if req.model is not None:
-        _check_text(req.model, "model")  # echoed back in the response
+        check_text(req.model, "model")  # echoed back in the response
     return ParsedRequest(is_text, query, items, list(labels), req.apply_softmax,
                          req.item_first, req.model)
 
 
-def _check_text(text: str, param: str) -> None:
+def check_text(text: str, param: str) -> None:
     # A JSON escape can spell a lone surrogate ("\ud800"), which is not Unicode text: the
     # tokenizer raises TypeError on it and UTF-8 cannot encode it in a response (both a 500).
     try:
@@ -134,9 +144,10 @@ def _check_token_ids(ids: list[int], param: str, vocab_size: int) -> None:
                            f"[0, {vocab_size})", f"{param}[{j}]")
 
 
-def check_token_count(query: list[int], items: list[list[int]], limits: Limits) -> int:
+def check_token_count(query: list[int], items: list[list[int]], limits: Limits,
+                      field: str = "items") -> int:
     total = len(query) + sum(len(item) for item in items)
     if total > limits.max_tokens_per_request:
-        raise ApiError(413, f"the request has {total} tokens (query + items); the limit is "
-                       f"{limits.max_tokens_per_request}", "items")
+        raise ApiError(413, f"the request has {total} tokens (query + {field}); the limit is "
+                       f"{limits.max_tokens_per_request}", field)
     return total

@@ -103,3 +103,23 @@ def test_packages_import_only_the_layers_below(package):
     wrong = {f"{f.name} imports {name}" for f in files
              for name in _project_imports(f) - LAYERS[package] - {package}}
     assert not wrong
+
+
+def test_rerank_settings_are_checked():
+    from ranker_contract.config import RerankConfig, RerankPrompt
+
+    assert AppConfig().rerank.resolved_prompt().yes_label == "yes"
+    with pytest.raises(ValueError, match="rerank.prompt is required"):
+        RerankConfig(template="custom")
+    with pytest.raises(ValueError, match="only then"):
+        RerankConfig(template="qwen3", prompt=AppConfig().rerank.resolved_prompt())
+    with pytest.raises(ValueError, match=r"\{query\}"):
+        RerankPrompt(prefix="no placeholder", suffix="", yes_label="y", no_label="n")
+    with pytest.raises(ValueError, match=r"\{document\}"):
+        RerankPrompt(prefix="{query}", document="doc", suffix="", yes_label="y", no_label="n")
+    with pytest.raises(ValueError, match="differ"):
+        RerankPrompt(prefix="{query}", suffix="", yes_label="y", no_label="y")
+    with pytest.raises(ValueError, match="extra"):
+        RerankConfig(templat="qwen3")
+    custom = RerankConfig(template="qwen3", default_instruction="Find answers")
+    assert custom.resolved_prompt().default_instruction == "Find answers"

@@ -157,7 +157,9 @@ def main():
     cfg = fast.model.config
     max_batch_tokens = app.scheduler.max_batch_tokens if args.budget is None else args.budget
     budget = fast.batch_token_budget(max_batch_tokens, app.limits.max_seq_tokens)
-    sched = app.scheduler.model_copy(update={"max_batch_tokens": budget})
+    # Offline: every request is queued at once, so the service's queue-wait bound (which would
+    # refuse what waits past it) is off here.
+    sched = app.scheduler.model_copy(update={"max_batch_tokens": budget, "max_queue_wait_s": 0})
     workload = Workload(args.query_len, args.items, args.item_len)
     labels = list(workload.labels)
     factory = RequestFactory(workload, seed=0)

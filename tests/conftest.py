@@ -35,9 +35,10 @@ def small_model(tmp_path_factory):
 
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def small_server_url(small_model):
-    """configs/score.yaml on the small random model, max_seq_tokens 1024 (tests/service.py):
+    """configs/score.yaml on the small random model, max_seq_tokens 1024 (tests/service.py),
+    stopped after the module that uses it (no idle Ray instance beside the load tests):
     a request split into several sequences costs a fraction of a second here, where the real
     model needs 25-40 s of CPU for the 4,097 tokens that split under the shipped 4,096."""
     service = start_service(small_model_config(small_model))

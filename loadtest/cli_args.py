@@ -51,6 +51,8 @@ def _rate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="measured seconds per rate")
     p.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before it")
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="inter-arrival times")
+    p.add_argument("--clients", type=int, default=1, help="client processes sharing the rate "
+                   "(one Python client tops out near 1,000 req/s; loadtest/client_pool.py)")
 
 
 def build_parser() -> argparse.ArgumentParser:

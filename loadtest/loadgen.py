@@ -36,13 +36,14 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import aiohttp
 from tqdm import tqdm
 
 from loadtest import REPO_ROOT, RESULTS_DIR
+from loadtest.client_pool import run_processes
 from loadtest.cli_args import build_parser, workload_from_args
 from loadtest.stats import OK, Outcome, aggregate, passes, pick_best, summarize_ms
 from loadtest.workload import RequestFactory, Workload, arrival_offsets
@@ -60,6 +61,7 @@ class RateConfig:
     arrival: str = "poisson"
     timeout_s: float = 30.0
     seed: int | str = 0
+    clients: int = 1  # client processes (loadtest/client_pool.py); 1 = this event loop
 
 
 def make_session() -> aiohttp.ClientSession:
@@ -134,7 +136,13 @@ async def send_schedule(session: aiohttp.ClientSession, base_url: str, offsets: 
 async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Workload,
                    cfg: RateConfig, *, progress: bool = True) -> tuple[dict, list[Outcome]]:
     """Offer `cfg.rate` requests/s open-loop; returns (stats point, every request's outcome)."""
-    offsets = arrival_offsets(cfg.arrival, cfg.rate, cfg.warmup_s + cfg.duration_s, cfg.seed)
+    horizon = cfg.warmup_s + cfg.duration_s
+    if cfg.clients > 1:
+        outcomes = await asyncio.to_thread(run_processes, base_url, workload, cfg.rate, horizon,
+                                           cfg.arrival, cfg.seed, cfg.timeout_s, cfg.clients)
+        return aggregate(outcomes, warmup_s=cfg.warmup_s, duration_s=cfg.duration_s,
+                         items_per_request=workload.items, offered_rps=cfg.rate), outcomes
+    offsets = arrival_offsets(cfg.arrival, cfg.rate, horizon, cfg.seed)
     outcomes = await send_schedule(session, base_url, offsets, RequestFactory(workload, cfg.seed),
                                    timeout_s=cfg.timeout_s, desc=f"{cfg.rate:g} req/s",
                                    progress=progress)
@@ -180,8 +188,7 @@ async def run_sweep(session: aiohttp.ClientSession, base_url: str, workload: Wor
     async def measure(rate: float) -> bool:
         if points and cooldown_s > 0:
             await asyncio.sleep(cooldown_s)  # let the previous point's queue drain
-        cfg = RateConfig(rate, base.duration_s, base.warmup_s, base.arrival, base.timeout_s,
-                         f"{base.seed}:{len(points)}")
+        cfg = replace(base, rate=rate, seed=f"{base.seed}:{len(points)}")
         point, _ = await run_rate(session, base_url, workload, cfg, progress=progress)
         point["passed"] = passes(point, p99_bound_ms)
         points.append(point)
@@ -218,8 +225,7 @@ async def run_overload(session: aiohttp.ClientSession, base_url: str, workload: 
     for i, multiple in enumerate(multiples):
         if i and cooldown_s > 0:
             await asyncio.sleep(cooldown_s)  # let the previous point's queue drain
-        cfg = RateConfig(capacity_rps * multiple, base.duration_s, base.warmup_s, base.arrival,
-                         base.timeout_s, f"{base.seed}:overload:{i}")
+        cfg = replace(base, rate=capacity_rps * multiple, seed=f"{base.seed}:overload:{i}")
         point, _ = await run_rate(session, base_url, workload, cfg, progress=progress)
         point["multiple"] = multiple
         points.append(point)
@@ -319,7 +325,7 @@ async def _main(args: argparse.Namespace, argv: list[str]) -> dict:
                   f"p50 {lat['p50']} p99 {lat['p99']} max {lat['max']} ms")
             return out
         cfg = RateConfig(getattr(args, "rate", 0.0), args.duration, args.warmup, args.arrival,
-                         args.timeout, args.seed)
+                         args.timeout, args.seed, args.clients)
         out["config"] = asdict(cfg)
         if args.command in ("sweep", "overload"):
             del out["config"]["rate"]

@@ -1,7 +1,8 @@
 """Variants of configs/score-gpu.yaml for the scaling runs (loadtest/run_scale_gpu.sh).
 
 Usage: python -m loadtest.scale_config MODE OUT.yaml
-  fixed1 / fixed2: exactly 1 / 2 scorer replicas (no autoscaling), 4 ingress replicas;
+  fixed1 / fixed2 / fixed4: exactly 1 / 2 / 4 scorer replicas (no autoscaling) and
+  max(4, 3 × scorers) ingress replicas;
   auto: the shipped config (queue-depth autoscaling 1..2), 4 ingress replicas, and a token queue
   long enough to hold the excess of a ramp while the second replica starts (no 503s).
 """
@@ -21,15 +22,18 @@ def variant(mode: str) -> dict:
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
     ingress = deployments["ScoreIngress"]
     ingress.pop("autoscaling_config")
-    ingress["num_replicas"] = 4  # the front door must not be what limits two GPUs
-    if mode in ("fixed1", "fixed2"):
+    ingress["num_replicas"] = 4  # the front door must not be what limits the GPUs
+    if mode in ("fixed1", "fixed2", "fixed4"):
+        scorers = int(mode[-1])
         worker = deployments["ScoreWorker"]
         worker.pop("autoscaling_config")
-        worker["num_replicas"] = int(mode[-1])
+        worker["num_replicas"] = scorers
+        # tokenizing text is ingress CPU work: 3 ingress CPUs per scorer GPU, so the GPUs limit
+        ingress["num_replicas"] = max(4, 3 * scorers)
     elif mode == "auto":
         config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 4_000_000
     else:
-        raise SystemExit(f"mode must be fixed1, fixed2 or auto, not {mode!r}")
+        raise SystemExit(f"mode must be fixed1, fixed2, fixed4 or auto, not {mode!r}")
     return config
 
 

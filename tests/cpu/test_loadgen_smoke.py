@@ -204,6 +204,20 @@ def test_overload_smoke_reports_each_multiple(server_url, tmp_path):
         assert row["refusal_p99_ms"] is None if row["refused"] == 0 else row["refusal_p99_ms"] > 0
 
 
+def test_sweep_from_two_client_processes_sends_the_same_schedule(server_url, tmp_path):
+    """--clients 2 splits the rate over two processes; with constant arrivals their send times
+    interleave into exactly the one-process schedule, and every request is answered."""
+    doc = loadgen.main(["sweep", "--url", server_url, "--rates", "4", "--arrival", "constant",
+                        "--clients", "2", "--duration", "1.5", "--warmup", "0.5", "--cooldown",
+                        "0", "--out", str(tmp_path / "sweep.json"), "--plot",
+                        str(tmp_path / "sweep.png"), *SMOL])
+    assert doc["config"]["clients"] == 2
+    (point,) = doc["points"]
+    assert (point["sent"], point["warmup_requests"], point["measured_requests"]) == (8, 2, 6)
+    assert (point["successes"], point["failed"]) == (6, 0)
+    assert point["send_lag_ms"]["p99"] < 1000  # both processes sent near their times
+
+
 def test_single_smoke(server_url, tmp_path):
     doc = loadgen.main(["single", "--url", server_url, "--requests", "5", "--warmup-requests",
                         "1", "--out", str(tmp_path / "single.json"), *SMOL])

@@ -31,6 +31,16 @@ class FlashInferAttention:
         self.page_ids_gpu = torch.arange(0, dtype=torch.int32, device=device)
         self._plan_copied: torch.cuda.Event | None = None
 
+    def _wait_for_previous_plan(self) -> None:
+        # NOTE: plan() stages its schedule in a pinned buffer that every plan() rewrites; the
+        # previous plan's copy out of it must have run before we overwrite it.
+        if self._plan_copied is not None:
+            self._plan_copied.synchronize()
+
+    def _plan_issued(self) -> None:
+        self._plan_copied = torch.cuda.Event()
+        self._plan_copied.record()
+
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """Plan the batch; returns the tensors that must stay alive until the batch finished."""
         lengths = [s.num_tokens for s in sequences]
@@ -46,18 +56,14 @@ class FlashInferAttention:
         qo_indptr_cpu = torch.tensor(indptr, dtype=torch.int32)  # [B+1]
         last_page_len_cpu = torch.ones(len(sequences), dtype=torch.int32)  # [B]
         mis_kwargs, keep = self._multi_item_params(sequences)
-        # NOTE: plan() stages its schedule in a pinned buffer that every plan() rewrites; the
-        # previous plan's copy out of it must have run before we overwrite it.
-        if self._plan_copied is not None:
-            self._plan_copied.synchronize()
+        self._wait_for_previous_plan()
         self.wrapper.plan(
             qo_indptr_cpu, qo_indptr_cpu, self.page_ids_gpu[:total], last_page_len_cpu,
             self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim, 1,
             causal=True, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype,
             **mis_kwargs,
         )
-        self._plan_copied = torch.cuda.Event()
-        self._plan_copied.record()
+        self._plan_issued()
         return keep
 
     def _multi_item_params(self, sequences: list[PackedSequence]) -> tuple[dict, tuple]:
@@ -93,3 +99,81 @@ class FlashInferAttention:
         # after an empty query, gets a finite value: a GPU test checks), so no zero fill.
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         return self.wrapper.run(q, (k.unsqueeze(1), v.unsqueeze(1)), out=out)
+
+
+class FlashInferGraphAttention(FlashInferAttention):
+    """The same attention for a CUDA-graph bucket of exactly `tokens` rows (gpu_worker/graphs.py).
+
+    A captured kernel reads its metadata from fixed addresses with a fixed batch size, so every
+    batch is padded to the bucket: the real sequences, then one plain padding sequence holding
+    the rows up to `tokens`, then empty sequences up to `max_sequences + 1`. FlashInfer's CUDA-graph
+    mode keeps its indptr buffers fixed and, given the same row total and batch size, plans the
+    same tiles, so the launch arguments captured once stay valid; only the buffers change. The
+    multi-item parameters live in fixed buffers too, with a row stride of `tokens`.
+    Padding rows attend only within the padding sequence and nothing reads them.
+    """
+
+    def __init__(self, cfg: ModelConfig, device: torch.device, backend: str, tokens: int,
+                 max_sequences: int, workspace_gpu: torch.Tensor) -> None:
+        import flashinfer
+
+        self.cfg = cfg
+        self.device = device
+        self.tokens = tokens
+        self.max_sequences = max_sequences
+        slots = max_sequences + 1  # + the padding sequence
+        self.workspace_gpu = workspace_gpu  # scratch shared by all buckets: one stream runs them
+        i32 = dict(dtype=torch.int32, device=device)
+        self.page_ids_gpu = torch.arange(tokens, **i32)
+        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            workspace_gpu, "NHD", backend=backend, use_cuda_graph=True,
+            qo_indptr_buf=torch.zeros(slots + 1, **i32),
+            paged_kv_indptr_buf=torch.zeros(slots + 1, **i32),
+            paged_kv_indices_buf=torch.arange(tokens, **i32),
+            paged_kv_last_page_len_buf=torch.ones(slots, **i32))
+        self.prefix_len_gpu = torch.zeros(slots, dtype=torch.uint32, device=device)
+        self.token_pos_gpu = torch.zeros(slots * tokens, dtype=torch.uint16, device=device)
+        self.max_item_len_gpu = torch.zeros(slots, dtype=torch.uint16, device=device)
+        self._plan_copied = None
+
+    def fits(self, sequences: list[PackedSequence]) -> bool:
+        return (len(sequences) <= self.max_sequences
+                and sum(s.num_tokens for s in sequences) <= self.tokens
+                and all(s.max_item_len <= MAX_ITEM_POS for s in sequences))
+
+    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        real = len(sequences)
+        lengths = [s.num_tokens for s in sequences]
+        padding = self.tokens - sum(lengths)
+        lengths += [padding] + [0] * (self.max_sequences - real)
+        indptr = [0]
+        for n in lengths:
+            indptr.append(indptr[-1] + n)
+        qo_indptr_cpu = torch.tensor(indptr, dtype=torch.int32)  # [slots + 1]
+        last_page_len_cpu = torch.ones(len(lengths), dtype=torch.int32)  # empty: kv length 0
+        # The padding sequence is plain (prefix_len = its length); empty ones have no tiles.
+        prefix = [s.prefix_len for s in sequences] + [padding] + [0] * (self.max_sequences - real)
+        max_item = [s.max_item_len for s in sequences] + [0] * (self.max_sequences + 1 - real)
+        token_pos = torch.zeros((max(real, 1), self.tokens), dtype=torch.int32)
+        for i, s in enumerate(sequences):
+            if s.token_pos_in_items:
+                token_pos[i, : len(s.token_pos_in_items)] = torch.tensor(s.token_pos_in_items)
+        host = (torch.tensor(prefix, dtype=torch.int64).to(torch.uint32).pin_memory(),
+                token_pos.to(torch.uint16).flatten().pin_memory(),
+                torch.tensor(max_item, dtype=torch.int32).to(torch.uint16).pin_memory())
+        self.prefix_len_gpu.copy_(host[0], non_blocking=True)
+        self.token_pos_gpu[: host[1].numel()].copy_(host[1], non_blocking=True)
+        self.max_item_len_gpu.copy_(host[2], non_blocking=True)
+        self._wait_for_previous_plan()
+        self.wrapper.plan(
+            qo_indptr_cpu, qo_indptr_cpu, self.page_ids_gpu, last_page_len_cpu,
+            self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim, 1,
+            causal=True, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype,
+            prefix_len_ptr=self.prefix_len_gpu, token_pos_in_items_ptr=self.token_pos_gpu,
+            token_pos_in_items_len=self.tokens, max_item_len_ptr=self.max_item_len_gpu,
+            # CUDA-graph mode would otherwise always split K/V and merge the parts: one more
+            # kernel, and a summation order that differs from the eager path's.
+            disable_split_kv=True,
+        )
+        self._plan_issued()
+        return host

@@ -18,6 +18,7 @@ import torch
 
 from gpu_worker.attention_flashinfer import FlashInferAttention
 from gpu_worker.attention_torch import TorchAttention
+from gpu_worker.graphs import CudaGraphs
 from gpu_worker.loader import load_model
 from gpu_worker.model import AttentionBackend, CausalLMForScoring
 from gpu_worker.ops import CudaOps, TorchOps
@@ -75,6 +76,9 @@ class Engine:
             self.attention = FlashInferAttention(mcfg, device, cfg.flashinfer_backend)
         else:
             self.attention = TorchAttention(device)
+        # Captured before the batch budget is measured, so their memory is counted there.
+        self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graph_buckets),
+                                  cfg.flashinfer_backend, device) if cfg.cuda_graphs else None)
 
     @classmethod
     def from_config(cls, model_path: str | Path, cfg: EngineConfig) -> Engine:
@@ -118,9 +122,18 @@ class Engine:
                     per_token, budget)
         return budget
 
-    def launch(self, tasks: list[ScoreTask]) -> Step:
+    def launch(self, tasks: list[ScoreTask], *, overlapped: bool = False) -> Step:
+        """Queue the batch's forward. `overlapped`: another batch is still running on the device,
+        so these ~300 eager launches hide behind it; a CUDA graph pays only when they would not
+        (its fixed tiles and padding cost more GPU time than the eager kernels)."""
         sequences = [t.sequence for t in tasks]
         input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(tasks)
+        graph = (not overlapped and self.graphs
+                 and self.graphs.pick(sequences, len(score_rows), len(label_ids)))
+        if graph:
+            out, keep = self.graphs.launch(graph, sequences, input_ids, positions, score_rows,
+                                           label_rows, label_ids)
+            return self._read_back(tasks, out, keep)
         on_cuda = self.device.type == "cuda"
         host = [
             torch.tensor(x, dtype=torch.int64, pin_memory=on_cuda)  # [T], [T], [R], [N], [N]
@@ -133,11 +146,17 @@ class Engine:
             out = self.model.label_logprobs(hidden, dev[3], dev[4])
         if not on_cuda:
             return Step(tasks, (*host, *plan_tensors), out, None)
+        return self._read_back(tasks, out, (*host, *dev, *plan_tensors))
+
+    @staticmethod
+    def _read_back(tasks: list[ScoreTask], out: torch.Tensor,
+                   keep: tuple[torch.Tensor, ...]) -> Step:
+        """Queue the copy of the [N] log-probs into pinned memory and mark the batch's end."""
         out_cpu = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)  # [N] fp32
         out_cpu.copy_(out, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return Step(tasks, (*host, *dev, *plan_tensors, out), out_cpu, done)
+        return Step(tasks, (*keep, out), out_cpu, done)
 
     def finish(self, step: Step) -> list[list[list[float]]]:
         """Per task: one row of label log-probs per item."""

@@ -124,7 +124,7 @@ class Scheduler:
             launched = None
             batch = self._pick()
             if batch:
-                launched = self._launch(batch)
+                launched = self._launch(batch, overlapped=inflight is not None)
                 if launched is not None and not self.overlap:
                     self._finish(*launched)
                     launched = None
@@ -180,10 +180,10 @@ class Scheduler:
             self._queued[0] -= task.num_tokens
             self._queued[1] -= 1
 
-    def _launch(self, batch: list[ScoreTask]) -> tuple[Step, float] | None:
+    def _launch(self, batch: list[ScoreTask], overlapped: bool) -> tuple[Step, float] | None:
         started = time.perf_counter()
         try:
-            return self.engine.launch(batch), started
+            return self.engine.launch(batch, overlapped=overlapped), started
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop
             logger.exception("launching a batch of %d sequences failed", len(batch))
             self._record(batch, started, exc)

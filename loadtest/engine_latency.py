@@ -1,7 +1,8 @@
 """Latency of one lone request in the engine, per request shape: wall time and GPU time.
 
 Usage: python -m loadtest.engine_latency [--repeats 30] [--out docs/results/engine_latency.json]
-The engine is built from configs/score-gpu.yaml; each request is packed the way the ingress packs
+The engine is built from configs/score-gpu.yaml, once with CUDA graphs off (eager) and once with
+them on (same weights); each request is packed the way the ingress packs
 it (`pack_request`, so an empty query gives one plain sequence per item) and run alone through
 `Engine.launch` + `finish`. Wall: median over the repeats, host preparation included. Kernel:
 the CUDA kernels' own time per step from the torch profiler (a launch-bound step has far less
@@ -13,6 +14,7 @@ comparison. Prints a table; writes JSON.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -56,9 +58,14 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_latency.json")
     args = p.parse_args()
     app = shipped_app_config(CONFIG)
-    engine = Engine.from_config(app.resolved_model_path(), app.engine)
+    eager_cfg = app.engine.model_copy(update={"cuda_graphs": False})
+    eager = Engine.from_config(app.resolved_model_path(), eager_cfg)
+    started = time.perf_counter()
+    graphs = Engine(eager.model, eager.device, app.engine.model_copy(update={"cuda_graphs": True}))
+    capture_s = time.perf_counter() - started
     rows = []
-    for query_len, items, item_len in SHAPES:
+    for (query_len, items, item_len), (mode, engine) in itertools.product(
+            SHAPES, (("eager", eager), ("graphs", graphs))):
         workload = Workload(query_len=query_len, items=items, item_len=item_len)
         query, item_ids = RequestFactory(workload, seed=0).token_ids()
         packings = {"request": pack_request(
@@ -70,20 +77,22 @@ def main() -> None:
             tasks = [ScoreTask(seq, list(workload.labels), lambda _: None) for seq in sequences]
             wall_ms, kernel_ms = measure(engine, tasks, args.repeats)
             rows.append({"query_len": query_len, "items": items, "item_len": item_len,
-                         "packing": packing, "sequences": len(sequences),
+                         "mode": mode, "packing": packing, "sequences": len(sequences),
                          "tokens": sum(s.num_tokens for s in sequences),
                          "wall_ms": round(wall_ms, 2), "kernel_ms": round(kernel_ms, 2)})
-    out = {"rows": rows, "repeats": args.repeats, "gpu": torch.cuda.get_device_name(),
+    out = {"rows": rows, "repeats": args.repeats, "graph_capture_s": round(capture_s, 2),
+           "gpu": torch.cuda.get_device_name(),
            "command": "python -m loadtest.engine_latency " + " ".join(sys.argv[1:]),
            "engine": app.engine.model_dump()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
-    print(f"{'request':>18s} {'packing':>10s} {'seqs':>5s} {'tokens':>7s} {'wall ms':>8s} "
-          f"{'kernel ms':>9s}")
+    print(f"CUDA graphs captured in {capture_s:.1f} s")
+    print(f"{'request':>18s} {'mode':>6s} {'packing':>10s} {'seqs':>5s} {'tokens':>7s} "
+          f"{'wall ms':>8s} {'kernel ms':>9s}")
     for r in rows:
         shape = f"{r['query_len']} + {r['items']} x {r['item_len']}"
-        print(f"{shape:>18s} {r['packing']:>10s} {r['sequences']:5d} {r['tokens']:7d} "
-              f"{r['wall_ms']:8.2f} {r['kernel_ms']:9.2f}")
+        print(f"{shape:>18s} {r['mode']:>6s} {r['packing']:>10s} {r['sequences']:5d} "
+              f"{r['tokens']:7d} {r['wall_ms']:8.2f} {r['kernel_ms']:9.2f}")
 
 if __name__ == "__main__":
     main()

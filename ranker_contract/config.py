@@ -46,12 +46,21 @@ class EngineConfig(_Settings):
         "fa2", description="fa2 measured faster for multi-item attention")
     fp32_residual: bool = Field(True, description="ops cuda: fp32 residual stream (~4% slower)")
     torch_threads: int = Field(0, ge=0, description="CPU only; 0 = one per core")
+    cuda_graphs: bool = Field(False, description="replay captured forwards for batches up to "
+                              "the largest bucket (needs attention flashinfer, ops cuda)")
+    cuda_graph_buckets: tuple[int, ...] = Field(
+        (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096), description="batch token sizes captured; larger batches run "
+        "eagerly")
 
     @model_validator(mode="after")
     def _gpu_kernels_need_cuda(self) -> EngineConfig:
         for name, gpu_only in (("attention", "flashinfer"), ("ops", "cuda")):
             if getattr(self, name) == gpu_only and self.device != "cuda":
                 raise ValueError(f"{name} {gpu_only!r} needs device 'cuda'")
+        if self.cuda_graphs and (self.attention, self.ops) != ("flashinfer", "cuda"):
+            raise ValueError("cuda_graphs needs attention 'flashinfer' and ops 'cuda'")
+        if any(b <= 0 for b in self.cuda_graph_buckets):
+            raise ValueError("cuda_graph_buckets must be positive token counts")
         return self
 
 

@@ -33,11 +33,11 @@ class SpyEngine(Engine):
         self.poisoned = {id(seq) for seq in poisoned}
         self.batches: list[list[int]] = []  # ids of the sequences in each launched batch
 
-    def launch(self, tasks: list[ScoreTask]) -> Step:
+    def launch(self, tasks: list[ScoreTask], *, overlapped: bool = False) -> Step:
         self.batches.append([id(t.sequence) for t in tasks])
         if any(id(t.sequence) in self.poisoned for t in tasks):
             raise RuntimeError("poisoned batch")
-        return super().launch(tasks)
+        return super().launch(tasks, overlapped=overlapped)
 
 
 @pytest.fixture(scope="module")

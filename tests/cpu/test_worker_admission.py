@@ -61,7 +61,7 @@ def test_job_larger_than_the_limit_gets_in_when_nothing_waits(engine):
 class _DyingEngine(Engine):
     """Kills the loop thread the way a bug outside the per-batch error handling would."""
 
-    def launch(self, tasks: list[ScoreTask]) -> Step:
+    def launch(self, tasks: list[ScoreTask], *, overlapped: bool = False) -> Step:
         raise SystemExit("loop thread killed")
 
 

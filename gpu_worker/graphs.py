@@ -1,0 +1,106 @@
+"""CUDA graphs of the whole forward (embedding → layers → score rows → label log-probs) for
+small batches, where ~300 eager launches cost more host time than the GPU work itself.
+
+One graph per (token bucket, score-row bucket), captured at start-up, largest first, into one
+shared memory pool. A batch is padded up to the smallest bucket that holds it: padding tokens go
+into a sequence of their own (gpu_worker/attention_flashinfer.py::FlashInferGraphAttention),
+padding score rows and label entries point at row 0 / token 0, and only the first N outputs are
+read back. Delimiter positions come from the ingress, never from token values, so padding cannot
+create false item boundaries. Larger batches run eagerly (docs/ARCHITECTURE.md, "CUDA graphs").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gpu_worker.attention_flashinfer import WORKSPACE_BYTES, FlashInferGraphAttention
+from gpu_worker.model import CausalLMForScoring, Ops
+from ranker_contract.packing import PackedSequence
+
+logger = logging.getLogger(__name__)
+
+MAX_SEQUENCES = 64  # packed sequences per captured batch (a request without a query: 1 per item)
+ROW_BUCKETS = (16, 64, 256)  # score rows (items) per captured batch
+LABELS_PER_ROW = 4  # label entries per score row a captured batch has room for
+
+
+@dataclass
+class _Graph:
+    tokens: int
+    rows: int
+    labels: int
+    attention: FlashInferGraphAttention
+    meta: torch.Tensor  # int64 [2 * tokens + rows + 2 * labels]: the inputs, one copy per batch
+    out: torch.Tensor  # [labels] fp32 label log-probs (the first N are the batch's)
+    graph: torch.cuda.CUDAGraph
+
+
+class CudaGraphs:
+    def __init__(self, model: CausalLMForScoring, ops: Ops, token_buckets: list[int],
+                 backend: str, device: torch.device) -> None:
+        started = time.perf_counter()
+        free_before, _ = torch.cuda.mem_get_info()
+        self.dtype = model.lm_head.weight.dtype
+        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        pool = torch.cuda.graph_pool_handle()
+        self.graphs: list[_Graph] = []
+        for tokens in sorted(token_buckets, reverse=True):  # largest first: the pool is reused
+            attention = FlashInferGraphAttention(model.config, device, backend, tokens,
+                                                 MAX_SEQUENCES, workspace)
+            for rows in sorted((r for r in ROW_BUCKETS if r <= tokens), reverse=True):
+                self.graphs.append(_capture(model, ops, attention, tokens, rows, pool, device))
+        self.graphs.sort(key=lambda g: (g.tokens, g.rows))
+        torch.cuda.synchronize()
+        used = free_before - torch.cuda.mem_get_info()[0]
+        logger.info("captured %d CUDA graphs (token buckets %s, row buckets %s) in %.1f s, "
+                    "%.0f MiB", len(self.graphs), sorted(token_buckets), ROW_BUCKETS,
+                    time.perf_counter() - started, used / 2**20)
+
+    def pick(self, sequences: list[PackedSequence], rows: int, labels: int) -> _Graph | None:
+        """The smallest captured graph that holds the batch, or None (run it eagerly)."""
+        for g in self.graphs:
+            if rows <= g.rows and labels <= g.labels and g.attention.fits(sequences):
+                return g
+        return None
+
+    def launch(self, g: _Graph, sequences: list[PackedSequence], input_ids: list[int],
+               positions: list[int], score_rows: list[int], label_rows: list[int],
+               label_ids: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Queue the batch on graph `g`: returns (its [N] log-probs, tensors to keep alive)."""
+        pad_tokens = [0] * (g.tokens - len(input_ids))
+        pad_rows = [0] * (g.rows - len(score_rows))
+        pad_labels = [0] * (g.labels - len(label_ids))
+        host = torch.tensor(input_ids + pad_tokens + positions + pad_tokens + score_rows
+                            + pad_rows + label_rows + pad_labels + label_ids + pad_labels,
+                            dtype=torch.int64, pin_memory=True)
+        g.meta.copy_(host, non_blocking=True)
+        keep = g.attention.plan(sequences, self.dtype)
+        g.graph.replay()
+        return g.out[: len(label_ids)], (host, *keep)
+
+
+def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAttention,
+             tokens: int, rows: int, pool, device: torch.device) -> _Graph:
+    labels = rows * LABELS_PER_ROW
+    meta = torch.zeros(2 * tokens + rows + 2 * labels, dtype=torch.int64, device=device)
+    ids, positions, score_rows, label_rows, label_ids = meta.split(
+        [tokens, tokens, rows, labels, labels])
+    attention.plan([], model.lm_head.weight.dtype)  # all padding: the shapes are what matter
+
+    def forward() -> torch.Tensor:
+        hidden = model.model(ids, positions, score_rows, ops, attention)
+        return model.label_logprobs(hidden, label_rows, label_ids)
+
+    side = torch.cuda.Stream()  # warm-up (Triton/JIT compiles, allocator) off the capture
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.inference_mode():
+        forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
+        out = forward()
+    return _Graph(tokens, rows, labels, attention, meta, out, graph)

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 from ray.exceptions import RayActorError
-from ray.serve.exceptions import BackPressureError
-from ray.serve.handle import DeploymentHandle
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
 
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
@@ -54,6 +54,11 @@ HEALTH_TIMEOUT_S = 5.0
 # declared the killed actor dead, a send can reach it again and fail as "unavailable".
 REPLICA_LOST_RETRIES = 3
 REPLICA_LOST_BACKOFF_S = 0.25
+# A job not answered within this time makes the ingress ask Serve whether any scorer replica
+# is RUNNING (at most once per interval per ingress replica). With none (its node lost, the
+# replacement pending) Serve would hold the job until one appears: a hang until the request
+# timeout, where the client should get a 503 at once.
+SCORER_CHECK_S = 1.0
 
 DEFAULT_OPTIONS = {
     "max_ongoing_requests": 256,
@@ -76,6 +81,54 @@ def _at_capacity(retry_after_s: float | None, reason: str = "") -> ApiError:
     return ApiError(503, "the scorer replicas are at capacity; retry later"
                     + (f" ({reason})" if reason else ""),
                     headers={"Retry-After": str(max(1, round(retry_after_s or 1)))})
+
+
+def _no_scorer(reason: str) -> ApiError:
+    return ApiError(503, f"no scorer replica is available ({reason}); retry later",
+                    headers={"Retry-After": "1"})
+
+
+class ScorerWatch:
+    """Whether Serve's controller counts a RUNNING replica of the scorer deployment; asked only
+    while a job waits, and at most once per SCORER_CHECK_S for all of this replica's jobs."""
+
+    def __init__(self, worker: DeploymentHandle) -> None:
+        self.app, self.deployment = worker.app_name, worker.deployment_name
+        self._lock = asyncio.Lock()
+        self._asked = float("-inf")
+        self._running = True
+
+    async def any_running(self) -> bool:
+        async with self._lock:
+            if time.monotonic() - self._asked >= SCORER_CHECK_S:
+                self._running = await asyncio.to_thread(self._ask)
+                self._asked = time.monotonic()
+            return self._running
+
+    def _ask(self) -> bool:
+        try:  # serve.status() is a blocking call to the controller: run in a thread
+            states = (serve.status().applications[self.app].deployments[self.deployment]
+                      .replica_states)
+        except Exception:  # noqa: BLE001 - not known: keep waiting, never refuse on a guess
+            logger.warning("could not read the scorer's replica states", exc_info=True)
+            return True
+        return states.get("RUNNING", 0) > 0
+
+
+async def _answer(response: DeploymentResponse, scorers: ScorerWatch):
+    """The scorer's answer; 503 once Serve has no RUNNING scorer replica while it waits."""
+    waiting = asyncio.ensure_future(response)
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=SCORER_CHECK_S)
+            if done:
+                return waiting.result()
+            if not await scorers.any_running():
+                raise _no_scorer("none is running")
+    finally:
+        if not waiting.done():  # refused, or our own request was cancelled
+            response.cancel()
+            waiting.cancel()
 
 
 def _server_timing(started: float, parsed: float, tokenized: float, packed: float,
@@ -102,6 +155,7 @@ class ScoreIngress:
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
         self.metrics = IngressMetrics()
+        self.scorers = ScorerWatch(worker)
         # A label that is not exactly one token fails the replica's start, naming it.
         self.rerank_prompt = config.rerank.resolved_prompt()
         self.prompter = RerankPrompter(self.rerank_prompt, self.tokenizer)
@@ -212,9 +266,13 @@ class ScoreIngress:
         # Failures of the scorer reach the client in the same envelope as every other error.
         for attempt in range(1 + REPLICA_LOST_RETRIES):
             try:
-                result = await self.worker.score.remote(job)
+                result = await _answer(self.worker.score.remote(job), self.scorers)
             except BackPressureError as exc:  # Serve's queue in front of the scorers is full
                 raise _at_capacity(exc.retry_after_s) from None
+            except DeploymentUnavailableError:  # the scorer deployment failed to deploy
+                raise _no_scorer("the scorer deployment failed") from None
+            except ApiError:  # no scorer running (_answer)
+                raise
             except RayActorError as exc:
                 # The replica died or became unreachable with our job. Scoring is idempotent,
                 # so the job is sent again; the router picks a live replica.

@@ -6,9 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
-from ray.serve.exceptions import BackPressureError
+from ray.serve._private.common import DeploymentID
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from ranker_contract.errors import ScorerOverloaded
+import serve_app.ingress
 from serve_app.ingress import ScoreIngress
 from ranker_contract.packing import ScoreJob, pack_plain
 from serve_app.protocol import ApiError
@@ -43,9 +45,51 @@ class _Count:
         self.value += 1
 
 
-def _ingress(handle: _ScriptedHandle) -> SimpleNamespace:
+class _Scorers:
+    """Stands in for ScorerWatch: what Serve's controller would say about scorer replicas."""
+
+    def __init__(self, running: bool = True) -> None:
+        self.running = running
+        self.asked = 0
+
+    async def any_running(self) -> bool:
+        self.asked += 1
+        return self.running
+
+
+class _Pending:
+    """A DeploymentResponse that answers RESULT after `after_s` (never, if None)."""
+
+    def __init__(self, after_s: float | None) -> None:
+        self.after_s = after_s
+        self.cancelled = False
+
+    def __await__(self):
+        return self._wait().__await__()
+
+    async def _wait(self):
+        if self.after_s is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.after_s)
+        return RESULT
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _PendingHandle:
+    def __init__(self, after_s: float | None) -> None:
+        self.score = self
+        self.response = _Pending(after_s)
+
+    def remote(self, job):
+        return self.response
+
+
+def _ingress(handle, scorers: _Scorers | None = None) -> SimpleNamespace:
     # The method only needs these attributes; the Serve-wrapped class is not built outside Serve.
-    return SimpleNamespace(worker=handle, metrics=SimpleNamespace(retries=_Count()))
+    return SimpleNamespace(worker=handle, metrics=SimpleNamespace(retries=_Count()),
+                           scorers=scorers or _Scorers())
 
 
 def _call(ingress: SimpleNamespace):
@@ -110,3 +154,28 @@ def test_overload_error_keeps_its_fields_through_pickling():
     copy = pickle.loads(pickle.dumps(ScorerOverloaded("9000 tokens already queued (limit 8192)",
                                                       retry_after_s=3)))
     assert str(copy) == "9000 tokens already queued (limit 8192)" and copy.retry_after_s == 3
+
+
+def test_no_running_scorer_is_a_503_not_a_wait_for_one(monkeypatch):
+    # The scorer's node is gone and Serve would hold the job until a replica appears.
+    monkeypatch.setattr(serve_app.ingress, "SCORER_CHECK_S", 0.05)
+    handle = _PendingHandle(after_s=None)
+    with pytest.raises(ApiError) as caught:
+        _call(_ingress(handle, _Scorers(running=False)))
+    assert caught.value.status == 503 and caught.value.headers == {"Retry-After": "1"}
+    assert caught.value.envelope()["error"]["message"] == (
+        "no scorer replica is available (none is running); retry later")
+    assert handle.response.cancelled  # not left waiting in Serve's queue
+
+
+def test_slow_answer_while_a_scorer_runs_is_waited_for(monkeypatch):
+    monkeypatch.setattr(serve_app.ingress, "SCORER_CHECK_S", 0.05)
+    handle, scorers = _PendingHandle(after_s=0.5), _Scorers(running=True)
+    assert _call(_ingress(handle, scorers)) == RESULT
+    assert scorers.asked >= 2 and not handle.response.cancelled
+
+
+def test_failed_scorer_deployment_is_a_503():
+    err = _error(DeploymentUnavailableError(DeploymentID(name="ScoreWorker", app_name="score")))
+    assert err.status == 503 and err.headers == {"Retry-After": "1"}
+    assert "the scorer deployment failed" in err.message

@@ -40,11 +40,13 @@ def add_workload_args(p: argparse.ArgumentParser, *, query_len: int, items: int,
     w.add_argument("--apply-softmax", action="store_true", help="send apply_softmax: true")
     w.add_argument("--text", choices=TEXT_MODES, help="send strings, not token ids: repeat = "
                    "SGLang bench_score style, natural = seeded English words")
+    w.add_argument("--rerank", action="store_true", help="POST /v1/rerank {query, documents} "
+                   "(needs --text)")
 
 
 def workload_from_args(args: argparse.Namespace) -> Workload:
     return Workload(args.query_len, args.items, args.item_len, tuple(args.labels), args.vocab,
-                    args.apply_softmax, args.text)
+                    args.apply_softmax, args.text, args.rerank)
 
 
 def _rate_args(p: argparse.ArgumentParser) -> None:
@@ -58,7 +60,7 @@ def _rate_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.loadgen",
-        description="Open-loop load generator for POST /v1/score.")
+        description="Open-loop load generator for POST /v1/score or /v1/rerank.")
     sub = parser.add_subparsers(dest="command", required=True)
     big = dict(query_len=120, items=10, item_len=180)
 

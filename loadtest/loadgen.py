@@ -1,11 +1,12 @@
-"""Open-loop load generator for POST /v1/score (library + CLI).
+"""Open-loop load generator for POST /v1/score or /v1/rerank (library + CLI).
 
   python -m loadtest.loadgen run    --rate 20 [--duration 30 --warmup 5 --arrival poisson]
   python -m loadtest.loadgen sweep  --rates 5,10,20 | --start-rate 1 --factor 2 --bisect-steps 3
                                     [--p99-ms 500 --plot out.png]
   python -m loadtest.loadgen overload --capacity-rps 240 [--multiples 1,1.2,1.5,3]
   python -m loadtest.loadgen single [--requests 200 --items 10 --item-len 300 --query-len 0]
-  (any command: [--text repeat|natural] sends strings instead of token ids; loadtest/workload.py)
+  (any command: [--text repeat|natural] sends strings instead of token ids; with --rerank, to
+  /v1/rerank as {query, documents}; [--clients N] spreads the load over N processes)
 
 Open loop: send times are drawn up front (Poisson or constant arrivals at the offered rate) and
 each request is sent at its time whatever the state of earlier ones; a response is never awaited
@@ -70,7 +71,7 @@ def make_session() -> aiohttp.ClientSession:
 
 
 async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, n_items: int,
-                   timeout_s: float) -> str:
+                   timeout_s: float, result_key: str = "scores") -> str:
     """POST one body; returns "ok" or the failure kind (status code, "timeout", ...)."""
     try:
         async with session.post(url, data=body, headers=JSON_HEADERS,
@@ -79,7 +80,7 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, n_item
             if resp.status != 200:
                 return str(resp.status)
             doc = json.loads(payload)
-            scores = doc.get("scores") if isinstance(doc, dict) else None
+            scores = doc.get(result_key) if isinstance(doc, dict) else None
             return OK if isinstance(scores, list) and len(scores) == n_items else "bad_response"
     except TimeoutError:  # before OSError: TimeoutError is one (and aiohttp's timeouts are too)
         return "timeout"
@@ -96,8 +97,8 @@ async def send_schedule(session: aiohttp.ClientSession, base_url: str, offsets: 
                         desc: str = "", progress: bool = False) -> list[Outcome]:
     """Open loop: one request from `factory` at each offset (seconds after `start`, a loop time;
     default now), never waiting for earlier responses. Returns every outcome by scheduled time."""
-    url = base_url.rstrip("/") + "/v1/score"
-    n_items = factory.workload.items
+    url = base_url.rstrip("/") + factory.workload.path
+    n_items, key = factory.workload.items, factory.workload.result_key
     loop = asyncio.get_running_loop()
     outcomes: list[Outcome] = []
     failed = 0
@@ -107,7 +108,7 @@ async def send_schedule(session: aiohttp.ClientSession, base_url: str, offsets: 
     async def one(intended: float, body: bytes) -> None:
         nonlocal failed
         sent = loop.time() - t0
-        kind = await send_one(session, url, body, n_items, timeout_s)
+        kind = await send_one(session, url, body, n_items, timeout_s, key)
         outcomes.append(Outcome(intended, sent, loop.time() - t0, kind))
         failed += kind != OK
         bar.update(1)
@@ -157,7 +158,7 @@ async def run_closed_loop(session: aiohttp.ClientSession, base_url: str, workloa
     """`concurrency` clients, each sending its next request as soon as the last one answered,
     until `stop` is set. Closed loop: the service holds about `concurrency` requests at any
     time however fast it is, so its queue depth does not depend on the machine's speed."""
-    url = base_url.rstrip("/") + "/v1/score"
+    url = base_url.rstrip("/") + workload.path
     factory = RequestFactory(workload, seed)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -167,7 +168,8 @@ async def run_closed_loop(session: aiohttp.ClientSession, base_url: str, workloa
         while not stop.is_set():
             body = factory.next_bytes()
             sent = loop.time() - t0
-            kind = await send_one(session, url, body, workload.items, timeout_s)
+            kind = await send_one(session, url, body, workload.items, timeout_s,
+                                  workload.result_key)
             outcomes.append(Outcome(sent, sent, loop.time() - t0, kind))
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -251,14 +253,14 @@ async def run_single(session: aiohttp.ClientSession, base_url: str, workload: Wo
                      requests: int = 200, warmup_requests: int = 5, timeout_s: float = 30.0,
                      seed: int | str = 0, progress: bool = True) -> dict:
     """`requests` sequential requests (one at a time) after `warmup_requests` unmeasured ones."""
-    url = base_url.rstrip("/") + "/v1/score"
+    url = base_url.rstrip("/") + workload.path
     factory = RequestFactory(workload, seed)
     latencies, failures = [], {}
     for i in tqdm(range(warmup_requests + requests), desc="single", unit="req",
                   disable=not progress, leave=False, dynamic_ncols=True):
         body = factory.next_bytes()
         start = time.perf_counter()
-        kind = await send_one(session, url, body, workload.items, timeout_s)
+        kind = await send_one(session, url, body, workload.items, timeout_s, workload.result_key)
         elapsed = time.perf_counter() - start
         if i < warmup_requests:
             continue

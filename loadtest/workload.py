@@ -40,7 +40,8 @@ international characteristics unfortunately neighbourhood refrigerator temperatu
 
 @dataclass(frozen=True)
 class Workload:
-    """Shape of one /v1/score request; token ids are uniform in [0, vocab)."""
+    """Shape of one /v1/score request (or /v1/rerank with `rerank`: the query and the items
+    as documents, text only); token ids are uniform in [0, vocab)."""
 
     query_len: int = 120
     items: int = 10
@@ -49,6 +50,7 @@ class Workload:
     vocab: int = 151643
     apply_softmax: bool = False
     text: str | None = None  # None: token ids; "repeat" or "natural": strings (module doc)
+    rerank: bool = False  # POST /v1/rerank {query, documents} instead of /v1/score
 
     def __post_init__(self) -> None:
         if self.query_len < 0 or self.items < 1 or self.item_len < 0:
@@ -59,6 +61,17 @@ class Workload:
             raise ValueError(f"labels {self.labels} must be non-empty and in [0, {self.vocab})")
         if self.text not in (None, *TEXT_MODES):
             raise ValueError(f"text must be None or one of {TEXT_MODES}, got {self.text!r}")
+        if self.rerank and self.text is None:
+            raise ValueError("rerank sends documents as text: choose a text mode")
+
+    @property
+    def path(self) -> str:
+        return "/v1/rerank" if self.rerank else "/v1/score"
+
+    @property
+    def result_key(self) -> str:
+        """The response's list with one entry per item."""
+        return "results" if self.rerank else "scores"
 
     @property
     def tokens_per_request(self) -> int:
@@ -104,6 +117,8 @@ class RequestFactory:
     def body(self) -> dict:
         w = self.workload
         query, items = self.texts() if w.text else self.token_ids()
+        if w.rerank:
+            return {"query": query, "documents": items}
         return {"query": query, "items": items, "label_token_ids": list(w.labels),
                 "apply_softmax": w.apply_softmax}
 

@@ -233,6 +233,22 @@ def test_single_smoke_with_text(server_url, tmp_path):
     assert (doc["result"]["successes"], doc["result"]["failed"]) == (3, 0)
 
 
+def test_single_smoke_with_rerank(server_url, tmp_path):
+    doc = loadgen.main(["single", "--url", server_url, "--requests", "3", "--warmup-requests",
+                        "0", "--text", "natural", "--rerank", "--out",
+                        str(tmp_path / "single.json"), *SMOL])
+    assert doc["workload"]["rerank"] is True
+    assert (doc["result"]["successes"], doc["result"]["failed"]) == (3, 0)
+
+
+def test_rerank_workload_needs_text():
+    with pytest.raises(ValueError, match="text mode"):
+        Workload(rerank=True)
+    body = RequestFactory(Workload(query_len=5, items=3, item_len=4, text="natural",
+                                   rerank=True)).body()
+    assert set(body) == {"query", "documents"} and len(body["documents"]) == 3
+
+
 def test_ramp_smoke_sends_every_phase(server_url):
     phases = ramp.parse_phases("1:2,1:6")
     w = Workload(query_len=16, items=3, item_len=8, labels=(10539, 5230), vocab=49152)

@@ -1,7 +1,9 @@
 """Prometheus metrics of a scorer replica (ray.serve.metrics adds application/deployment/replica).
 
 A small thread publishes them from the scheduler's counters every PUBLISH_INTERVAL_S, so the
-scheduling loop itself never calls into the metrics library.
+scheduling loop itself never calls into the metrics library. Every counter series exists from
+start-up at 0, for the reason given in serve_app/metrics.py (Prometheus takes a series' first
+sample as its baseline).
 """
 
 from __future__ import annotations
@@ -17,6 +19,19 @@ TOKEN_BUCKETS = [256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 SEQUENCE_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 STEP_BUCKETS_S = [0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1,
                   2, 5, 10, 30, 60, 120]
+# error_type of a failed batch: these names, any other exception as "other" (the replica's log
+# names it), so that every series exists before the first failure.
+BATCH_ERROR_TYPES = ("OutOfMemoryError", "AcceleratorError", "RuntimeError", "other")
+
+
+def declare_at_zero(counter: Counter, tags: dict[str, str] | None = None) -> None:
+    """Create the series `tags` of `counter` at 0 (why this way: serve_app/metrics.py, a twin
+    the scorer cannot import)."""
+    counter._record(0, tags=tags)
+
+
+def batch_error_type(name: str) -> str:
+    return name if name in BATCH_ERROR_TYPES else "other"
 
 
 class WorkerMetrics:
@@ -40,6 +55,10 @@ class WorkerMetrics:
         self.rejected = Counter("ranker_requests_rejected", "Requests refused because the "
                                 "replica was full: its token queue, or a wait past "
                                 "max_queue_wait_s")
+        for counter in (self.items_scored, self.dropped, self.rejected):
+            declare_at_zero(counter)
+        for error_type in BATCH_ERROR_TYPES:
+            declare_at_zero(self.batch_errors, {"error_type": error_type})
         self._dropped_seen = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="worker-metrics", daemon=True)
@@ -62,7 +81,7 @@ class WorkerMetrics:
         while log:
             record = log.popleft()
             if record.error is not None:
-                self.batch_errors.inc(tags={"error_type": record.error})
+                self.batch_errors.inc(tags={"error_type": batch_error_type(record.error)})
                 continue
             self.batch_tokens.observe(record.tokens)
             self.batch_sequences.observe(record.sequences)

@@ -18,7 +18,7 @@ from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import ScoreJob, merge_results
-from serve_app.metrics import IngressMetrics
+from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, IngressMetrics
 from serve_app.protocol import (RERANK_EXAMPLE, ApiError, ErrorResponse, RerankRequest,
                                 RerankResponse, ScoreRequest, ScoreResponse, Usage)
 from serve_app.rerank import RerankPrompter, build_response, check_rerank, relevance
@@ -176,26 +176,21 @@ class ScoreIngress:
         return await self._observed("/v2/rerank", self._rerank, request, "2")
 
     async def _observed(self, route: str, handler, request: Request, *args) -> JSONResponse:
-        """Latency and error metrics around one route's handler, tagged with the route."""
+        """Request, error and latency metrics around one route's handler, tagged with the route."""
         started = time.perf_counter()
-        status = 500
+        status, error_type = 500, "InternalServerError"
         try:
             response = await handler(request, started, *args)
-            status = response.status_code
+            status, error_type = response.status_code, None
             return response
         except ApiError as exc:
-            status = exc.status
-            self.metrics.errors.inc(tags={"error_type": exc.kind, "status": str(status),
-                                          "route": route})
+            status, error_type = exc.status, exc.kind
             raise
-        except asyncio.CancelledError:
-            status = 499  # the client went away or its timeout passed
-            self.metrics.errors.inc(tags={"error_type": "Cancelled", "status": "499",
-                                          "route": route})
+        except asyncio.CancelledError:  # the client went away or its timeout passed
+            status, error_type = CANCELLED_STATUS, CANCELLED_TYPE
             raise
         finally:
-            self.metrics.latency_ms.observe((time.perf_counter() - started) * 1e3,
-                                            tags={"status": str(status), "route": route})
+            self.metrics.answered(route, status, time.perf_counter() - started, error_type)
 
     async def _score(self, request: Request, started: float) -> JSONResponse:
         # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with

@@ -1,14 +1,42 @@
-"""Prometheus metrics of an ingress replica (ray.serve.metrics adds application/deployment/replica)."""
+"""Prometheus metrics of an ingress replica (ray.serve.metrics adds application/deployment/replica).
+
+Every counter series for a label value known in advance exists from start-up, at 0
+(`declare_at_zero`): Prometheus's rate() and increase() take a series' first sample as its
+baseline, so a series born at its first increment would never show that increment.
+"""
 
 from __future__ import annotations
 
 from ray.serve.metrics import Counter, Histogram
+
+from serve_app.protocol import ApiError
 
 # Fine below 50 ms (a lone request), up to 120 s at the top (a timed-out one) so P99 under load
 # never falls into an open-ended bucket.
 LATENCY_BUCKETS_MS = [2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500,
                       750, 1000, 2000, 5000, 10000, 30000, 60000, 120000]
 TOKENIZE_BUCKETS_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 500, 1000, 5000]
+
+ROUTES = ("/v1/score", "/v1/rerank", "/v2/rerank")  # the routes ScoreIngress._observed wraps
+# The caller went away before the answer: its timeout passed (Serve's proxy answers 408) or it
+# disconnected. The ingress only sees a cancellation and cannot tell which, so it counts both
+# as Serve's and the client's status for the timeout.
+CANCELLED_STATUS = 408
+CANCELLED_TYPE = "Cancelled"
+# Every error a route answers: the ApiError statuses the ingress raises, and the cancellation.
+ERRORS = tuple((str(status), ApiError(status, "").kind) for status in (400, 413, 500, 503)) + (
+    (str(CANCELLED_STATUS), CANCELLED_TYPE),)
+
+
+def declare_at_zero(counter: Counter, tags: dict[str, str] | None = None) -> None:
+    """Create the series `tags` of `counter` with the value 0.
+
+    NOTE: Counter.inc(0) raises (ray.util.metrics.Counter.inc allows only values > 0), but
+    inc() itself ends in Metric._record(value, tags), which merges the default tags (replica,
+    deployment, application), checks the tag keys and adds `value` to the OpenTelemetry counter;
+    adding 0 there exports the series at 0 (checked by scripts/check_dashboard.py).
+    """
+    counter._record(0, tags=tags)
 
 
 class IngressMetrics:
@@ -18,7 +46,25 @@ class IngressMetrics:
                                     boundaries=LATENCY_BUCKETS_MS, tag_keys=("status", "route"))
         self.tokenize_ms = Histogram("ranker_tokenize_ms", "Tokenizing one request's text",
                                      boundaries=TOKENIZE_BUCKETS_MS)
+        self.requests = Counter("ranker_requests", "Requests answered, by route and HTTP status",
+                                tag_keys=("status", "route"))
         self.errors = Counter("ranker_errors", "Failed requests, by error type, status and route",
                               tag_keys=("error_type", "status", "route"))
         self.retries = Counter("ranker_scorer_retries", "Scoring calls sent again to another "
                                "replica because the first replica was lost")
+        for route in ROUTES:
+            declare_at_zero(self.requests, {"status": "200", "route": route})
+            for status, error_type in ERRORS:
+                declare_at_zero(self.requests, {"status": status, "route": route})
+                declare_at_zero(self.errors, {"error_type": error_type, "status": status,
+                                              "route": route})
+        declare_at_zero(self.retries)
+
+    def answered(self, route: str, status: int, seconds: float,
+                 error_type: str | None = None) -> None:
+        """One request of `route` finished with `status` (`error_type` when it failed)."""
+        tags = {"status": str(status), "route": route}
+        self.requests.inc(tags=tags)
+        if error_type is not None:
+            self.errors.inc(tags={"error_type": error_type, **tags})
+        self.latency_ms.observe(seconds * 1e3, tags=tags)

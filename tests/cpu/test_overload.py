@@ -49,6 +49,21 @@ def _quiet(svc) -> bool:
             and (first.items_scored, first.dropped) == (second.items_scored, second.dropped))
 
 
+def _cancelled(svc) -> dict[str, float]:
+    """The ingress's count of cancelled requests, by status (one status: 408)."""
+    counts: dict[str, float] = {}
+    for name, labels, value in scrape(svc.metrics_url()):
+        if name == "ray_ranker_errors_total" and labels.get("error_type") == "Cancelled":
+            counts[labels["status"]] = counts.get(labels["status"], 0.0) + value
+    return counts
+
+
+def _refusal_lines(svc) -> int:
+    """Log lines of refusals: Serve's access line of a scorer's 503, the proxy's own refusal."""
+    return sum("POST /v1/score 503" in line or "dropped due to backpressure" in line
+               for line in svc.log.splitlines())
+
+
 def _rss_mb(svc) -> float:
     procs = svc.replica_processes("ScoreWorker") + svc.replica_processes("ScoreIngress")
     return sum(p.memory_info().rss for p in procs) / 2**20
@@ -97,6 +112,8 @@ def test_three_times_capacity_sheds_503s_and_keeps_p99_bounded(service):
 
 
 def test_shed_requests_get_retry_after_quickly(service):
+    lines_before = _refusal_lines(service)
+
     async def burst() -> list[tuple[int, str | None, float]]:
         factory = RequestFactory(LARGE, "burst")  # slow enough that none ends mid-burst
         async with aiohttp.ClientSession() as session:
@@ -117,6 +134,11 @@ def test_shed_requests_get_retry_after_quickly(service):
     # Refused at once, not after waiting for capacity: every refusal is back before half of
     # the accepted requests are (those queue behind each other on the one scorer).
     assert served and max(r[2] for r in shed) < served[len(served) // 2], (shed, served)
+    # Each refusal is logged as one line, never with a traceback (logs reach serve run's
+    # output a little late).
+    wait_until(lambda: _refusal_lines(service) - lines_before >= len(shed), 30,
+               "a log line per refusal", service)
+    assert "Traceback" not in service.log
 
 
 def test_requests_whose_client_left_are_not_computed(service):
@@ -126,6 +148,7 @@ def test_requests_whose_client_left_are_not_computed(service):
 
     wait_until(lambda: _quiet(service), 60, "scorer quiet before the test", service)
     before = service_sample(scrape(service.metrics_url()))
+    cancelled_before = _cancelled(service)
 
     async def scenario() -> tuple[list[int], int]:
         large, small = RequestFactory(LARGE, "fill"), RequestFactory(SMALL, "gone")
@@ -165,3 +188,11 @@ def test_requests_whose_client_left_are_not_computed(service):
     # was cancelled before it reached the scorer or dropped from its queue (at least one was).
     assert scored == filled.count(200) * LARGE.items
     assert 1 <= dropped <= queued_then_abandoned
+    # The ingress counts a request abandoned while in its hands with the status the client
+    # and Serve give a timeout, 408, whether its client hung up or timed out: every dropped
+    # sequence was such a request, and one refused (503) was not cancelled.
+    wait_until(lambda: _cancelled(service).get("408", 0) - cancelled_before["408"] >= dropped,
+               30, "the cancellations counted", service)
+    cancelled = _cancelled(service)
+    assert set(cancelled) == {"408"}, cancelled
+    assert cancelled["408"] - cancelled_before["408"] <= queued_then_abandoned

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from loadtest.prom import find_metrics_url
+from loadtest.ray_dashboard import dashboard_url, session_dir_of
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "models" / "smollm2-135m-instruct"
@@ -102,16 +103,16 @@ class Service:
     def log(self) -> str:
         return (self.workdir / "serve.log").read_text(errors="replace")
 
+    def session_dir(self) -> Path:
+        """This service's own Ray session directory (other clusters may run beside it)."""
+        return session_dir_of(self.proc.pid)
+
     def metrics_url(self) -> str:
-        """Prometheus endpoint of this service's own Ray node (found via its GCS's session)."""
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                for arg in child.cmdline():
-                    if arg.startswith("--log_dir=") and "/session_" in arg:
-                        return find_metrics_url(str(Path(arg.split("=", 1)[1]).parent))
-            except psutil.Error:
-                continue
-        raise RuntimeError("no Ray session found under the serve run process")
+        """Prometheus endpoint of this service's own Ray node."""
+        return find_metrics_url(str(self.session_dir()))
+
+    def dashboard_url(self) -> str:
+        return dashboard_url(self.session_dir())
 
     def replica_processes(self, deployment_name: str) -> list[psutil.Process]:
         """Live replica processes of a deployment (Ray names them ServeReplica:APP:DEPLOYMENT)."""

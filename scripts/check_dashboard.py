@@ -1,0 +1,348 @@
+"""Check the Grafana board docs/grafana/ranker_dashboard.json against a real Prometheus.
+
+Starts the service (`serve run` of configs/score.yaml on the small random model of
+tests/service.py) and a Prometheus that scrapes Ray's service-discovery file
+(loadtest/prometheus_server.py); checks the Ray dashboard's Serve API and `serve status` with
+Ray's token authentication on; checks that every counter series the board plots exists at 0
+before any traffic; then sends traffic with bad requests (400, 413), refusals (503: a full scorer
+queue) and drops (clients that hang up, requests past their timeout: 408) and runs every query
+of the board through Prometheus's HTTP API. It fails (exit 1) unless every query returns data,
+the error, refusal and drop panels show the events in their rate, and what Prometheus counted
+over the run equals what was sent, first events included. Prints a table of panel -> value.
+
+  .venv/bin/python scripts/check_dashboard.py     # about 2 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gpu_worker.metrics import BATCH_ERROR_TYPES  # noqa: E402
+from loadtest.prom import scrape, service_sample  # noqa: E402
+from loadtest.prometheus_server import find_prometheus, start_prometheus  # noqa: E402
+from loadtest.ray_dashboard import (auth_token, get, serve_applications,  # noqa: E402
+                                    serve_status)
+from loadtest.workload import RequestFactory, Workload  # noqa: E402
+from serve_app.metrics import ERRORS, ROUTES  # noqa: E402
+from tests.service import (FAST_METRICS_ENV, make_small_model, small_model_config,  # noqa: E402
+                           start_service, stop_service)
+
+BOARD = REPO / "docs" / "grafana" / "ranker_dashboard.json"
+VOCAB = 49152  # the small model's (the default model's tokenizer)
+SMALL = Workload(query_len=40, items=4, item_len=40, vocab=VOCAB)  # ~200 tokens
+TEXT = Workload(query_len=40, items=4, item_len=40, vocab=VOCAB, text="natural")
+# ~1,650 tokens in two sequences (max_seq_tokens 1024): about 0.4 s of scorer work each
+LARGE = Workload(query_len=40, items=8, item_len=200, vocab=VOCAB)
+MAX_QUEUED_TOKENS = 8192  # a burst of BURST large requests overflows it; the drop scene doesn't
+BURST = 12
+ABANDON_AFTER_S = 1.0  # long enough to reach the ingress on a busy box, short of the fills' work
+TRICKLE_RPS = 1.5  # well below what one scorer does on a busy 2-core box
+DEADLINE_S = 90  # for any state awaited (series scraped, counts settled)
+JSON = {"Content-Type": "application/json"}
+# A panel expression `rate(METRIC[1m])` counts the events of the run as `(METRIC - METRIC offset
+# Ws)`: exact (counters start at 0), and empty for a series that did not exist W s ago.
+RATE = re.compile(r"rate\((ray_ranker_\w+_total)\[1m\]\)")
+
+# Bad requests and the status each must get.
+BAD = [
+    ("/v1/score", b"{not json", 400),
+    ("/v1/score", {"items": [[1]], "label_token_ids": [1], "bogus": 1}, 400),
+    ("/v1/score", {"query": [1], "label_token_ids": [1]}, 400),
+    ("/v1/score", {"query": [1], "items": [[2]], "label_token_ids": [VOCAB]}, 400),
+    ("/v1/rerank", {"query": "q"}, 400),
+    ("/v2/rerank", {"query": "q", "documents": ["d"], "top_n": 0}, 400),
+    ("/v1/score", {"query": [1], "items": [[1]] * 1025, "label_token_ids": [1]}, 413),
+    ("/v1/score", {"query": [1] * 100, "items": [[1] * 1000] * 9, "label_token_ids": [1]}, 413),
+]
+
+
+class Traffic:
+    """Sends requests and tallies what the service must have counted."""
+
+    def __init__(self, url: str, session: aiohttp.ClientSession) -> None:
+        self.url, self.session = url, session
+        self.answered: Counter[tuple[str, str]] = Counter()  # (route, status) as the ingress sees
+        self.items_scored = 0  # items of the answered 200s
+        self.refused = 0  # 503s with the scorer's envelope
+        self.abandoned = 0  # hung up by the client or timed out (408)
+        self.problems: list[str] = []
+        self.scenes: dict[str, Counter[int]] = {}  # scene -> statuses (0: hung up), to report
+
+    async def post(self, route: str, body: bytes, items: int = 0, timeout_s: float = 120,
+                   headers: dict | None = None, scene: str = "good") -> int:
+        """POST; returns the status, 0 when the client hung up (the ingress counts 408)."""
+        try:
+            async with self.session.post(f"{self.url}{route}", data=body,
+                                         headers={**JSON, **(headers or {})},
+                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                text = await r.text()
+                status = r.status
+        except TimeoutError:
+            status, text = 0, ""
+        self.answered[(route, str(status or 408))] += 1
+        if status == 200:
+            self.items_scored += items
+        elif status == 503:
+            self.refused += 1
+            if not text.startswith('{"error"'):  # Serve's proxy answers in plain text
+                self.problems.append(f"a 503 not from a scorer: {text[:100]}")
+        if status in (0, 408):
+            self.abandoned += 1
+        self.scenes.setdefault(scene, Counter())[status] += 1
+        return status
+
+    async def good(self, i: int) -> int:
+        kind = i % 4
+        if kind < 2:  # token ids, then text, on /v1/score
+            factory = RequestFactory(TEXT if kind else SMALL, f"good{i}")
+            return await self.post("/v1/score", factory.next_bytes(), SMALL.items)
+        factory = RequestFactory(TEXT, f"rerank{i}")
+        query, docs = factory.texts()
+        body = json.dumps({"query": query, "documents": docs}).encode()
+        return await self.post("/v1/rerank" if kind == 2 else "/v2/rerank", body, len(docs))
+
+    async def trickle(self, stop: asyncio.Event) -> None:
+        """Steady good traffic on every route (the latency, batch and tokenize panels)."""
+        tasks, i = [], 0
+        while not stop.is_set():
+            tasks.append(asyncio.create_task(self.good(i)))
+            i += 1
+            await asyncio.sleep(1 / TRICKLE_RPS)
+        await asyncio.gather(*tasks)
+
+    async def bad(self) -> None:
+        for route, body, expected in BAD:
+            raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+            status = await self.post(route, raw, scene="bad")
+            if status != expected:
+                self.problems.append(f"{route} {raw[:60]!r}: {status}, expected {expected}")
+
+    async def refusals(self) -> None:
+        factory = RequestFactory(LARGE, "burst")
+        await asyncio.gather(*(self.post("/v1/score", factory.next_bytes(), LARGE.items,
+                                         scene="burst") for _ in range(BURST)))
+        if not self.refused:
+            self.problems.append(f"a burst of {BURST} large requests got no 503")
+
+    async def drops(self, metrics_url: str) -> None:
+        """Large requests fill the scorer; small ones abandoned while queued behind them."""
+        deadline = time.monotonic() + DEADLINE_S
+        while service_sample(await asyncio.to_thread(scrape, metrics_url)).queued_tokens:
+            if time.monotonic() > deadline:  # the burst's backlog must be gone first
+                self.problems.append(f"scorer queue not empty {DEADLINE_S} s after the burst")
+                break
+            await asyncio.sleep(0.5)
+        large, small = RequestFactory(LARGE, "fill"), RequestFactory(SMALL, "gone")
+        fills = [asyncio.create_task(self.post("/v1/score", large.next_bytes(), LARGE.items,
+                                               scene="fill")) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        await asyncio.gather(
+            *(self.post("/v1/score", small.next_bytes(), SMALL.items, timeout_s=ABANDON_AFTER_S,
+                        scene="hang up") for _ in range(3)),
+            *(self.post("/v1/score", small.next_bytes(), SMALL.items, scene="time out",
+                        headers={"x-request-timeout-seconds": str(ABANDON_AFTER_S)})
+              for _ in range(3)))
+        await asyncio.gather(*fills)
+
+
+async def send_traffic(url: str, metrics_url: str) -> Traffic:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        traffic, stop = Traffic(url, session), asyncio.Event()
+        trickle = asyncio.create_task(traffic.trickle(stop))
+        await asyncio.sleep(2)
+        await traffic.bad()
+        await traffic.refusals()
+        await traffic.drops(metrics_url)
+        await asyncio.sleep(3)
+        stop.set()
+        await trickle
+    return traffic
+
+
+def wait_for(check, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {DEADLINE_S} s")
+        time.sleep(0.5)
+
+
+def total(prom, expr: str, at: float | None = None) -> float:
+    return sum(float(r["value"][1]) for r in prom.query(expr, at))
+
+
+def check_dashboard_access(svc) -> list[str]:
+    """The dashboard's Serve API and `serve status` with authentication on, as a user does."""
+    dashboard, token, problems = svc.dashboard_url(), auth_token(), []
+    if (status := get(f"{dashboard}/api/serve/applications/")[0]) != 401:
+        problems.append(f"the dashboard answered {status} without the token, not 401")
+    deployments = serve_applications(dashboard, token)["applications"]["score"]["deployments"]
+    states = {name: d["status"] for name, d in deployments.items()}
+    if states != {"ScoreIngress": "HEALTHY", "ScoreWorker": "HEALTHY"}:
+        problems.append(f"dashboard Serve API: {states}")
+    out = serve_status(dashboard)
+    if out.returncode != 0 or out.stdout.count("HEALTHY") < 2:
+        problems.append(f"`serve status` with the token: rc {out.returncode}\n{out.stdout}"
+                        f"{out.stderr[-1500:]}")
+    print(f"dashboard {dashboard}: 401 without the token; with it, Serve API {states}; "
+          f"`RAY_AUTH_MODE=token serve status`: rc {out.returncode}")
+    return problems
+
+
+def zero_series() -> dict[str, int]:
+    """Counter series the board plots that must exist at 0 from start-up (one replica each)."""
+    return {"ray_ranker_requests_total": len(ROUTES) * (1 + len(ERRORS)),
+            "ray_ranker_errors_total": len(ROUTES) * len(ERRORS),
+            "ray_ranker_scorer_retries_total": 1,
+            "ray_ranker_items_scored_total": 1,
+            "ray_ranker_sequences_dropped_total": 1,
+            "ray_ranker_requests_rejected_total": 1,
+            "ray_ranker_batch_errors_total": len(BATCH_ERROR_TYPES)}
+
+
+def expected_counts(metric: str, traffic: Traffic, dropped: float) -> dict[tuple, float]:
+    """Per label values of the panel's `sum by (...)`, what the run must have counted."""
+    if metric == "ray_ranker_requests_total":
+        return {k: float(v) for k, v in traffic.answered.items()}
+    if metric == "ray_ranker_errors_total":
+        kinds = dict(ERRORS)
+        errors: Counter[tuple] = Counter()
+        for (_, status), n in traffic.answered.items():
+            if status != "200":
+                errors[(kinds[status], status)] += n
+        return {k: float(v) for k, v in errors.items()}
+    return {(): {"ray_ranker_items_scored_total": traffic.items_scored,
+                 "ray_ranker_requests_rejected_total": traffic.refused,
+                 "ray_ranker_sequences_dropped_total": dropped,
+                 "ray_ranker_scorer_retries_total": 0,
+                 "ray_ranker_batch_errors_total": 0}[metric]}
+
+
+def by_labels(result: list[dict], keys: tuple[str, ...]) -> dict[tuple, float]:
+    return {tuple(r["metric"].get(k, "") for k in keys): float(r["value"][1]) for r in result}
+
+
+def check_panels(prom, traffic: Traffic, dropped: float, started: float,
+                 at: float) -> tuple[list[list[str]], list[str]]:
+    rows, problems = [], []
+    window_s = math.ceil(at - started)
+    for panel in json.loads(BOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            expr, title = target["expr"], panel["title"]
+            legend = target.get("legendFormat", "")
+            result = prom.query(expr, at)
+            if not result or any(not math.isfinite(float(r["value"][1])) for r in result):
+                problems.append(f"{title} [{legend}]: no data ({result}) for {expr}")
+            values = ", ".join(f"{legend_of(legend, r['metric'])}={float(r['value'][1]):.3g}"
+                               for r in result)
+            counted, sent = "", ""
+            if match := RATE.search(expr):
+                counted, sent = check_counts(prom, expr, match[1], result, traffic, dropped,
+                                             window_s, at, problems, title)
+            rows.append([title, legend, values or "(none)", counted, sent])
+    return rows, problems
+
+
+def check_counts(prom, expr: str, metric: str, result: list[dict], traffic: Traffic,
+                 dropped: float, window_s: int, at: float, problems: list[str],
+                 title: str) -> tuple[str, str]:
+    """A counting panel: its rate now shows every kind of event sent, and what Prometheus
+    counted over the run (the same expression on `METRIC - METRIC offset W`) equals what was
+    sent. Returns (counted, sent) for the table."""
+    grouped = re.match(r"sum by \(([^)]*)\)", expr)
+    keys = tuple(k.strip() for k in grouped[1].split(",")) if grouped else ()
+    run_expr = RATE.sub(lambda m: f"({m[1]} - {m[1]} offset {window_s}s)", expr)
+    got, now = by_labels(prom.query(run_expr, at), keys), by_labels(result, keys)
+    if keys == ("replica",):  # items per replica: the run's total is what was sent
+        got, now = {(): sum(got.values())}, {(): sum(now.values())}
+    want = expected_counts(metric, traffic, dropped)
+    for key in sorted(set(got) | {k for k, v in want.items() if v}):
+        if got.get(key) is None or round(got[key]) != want.get(key, 0):
+            problems.append(f"{title} {key}: Prometheus counted {got.get(key)}, sent "
+                            f"{want.get(key, 0)}")
+        if want.get(key, 0) and not now.get(key, 0) > 0:
+            problems.append(f"{title} {key}: no rate on the panel for the {want[key]:g} "
+                            "events of the last minute")
+    show = lambda counts: ", ".join(f"{'/'.join(k) or 'all'}={v:g}"  # noqa: E731
+                                    for k, v in sorted(counts.items()) if v or not keys)
+    return show(got), show(want)
+
+
+def legend_of(fmt: str, labels: dict[str, str]) -> str:
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m[1], ""), fmt) or "value"
+
+
+def print_table(rows: list[list[str]]) -> None:
+    header = ["panel", "query", "value now (rate: /s)", "counted in the run", "sent"]
+    for row in [header] + rows:
+        print(" | ".join(row))
+
+
+def main() -> int:
+    find_prometheus()  # fail before starting anything when it is missing
+    with tempfile.TemporaryDirectory(prefix="small-model-") as model:
+        config = small_model_config(make_small_model(Path(model)))
+        config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = MAX_QUEUED_TOKENS
+        return check(config)
+
+
+def check(config: dict) -> int:
+    svc = start_service(config, FAST_METRICS_ENV)
+    prom = None
+    try:
+        problems = check_dashboard_access(svc)
+        prom = start_prometheus(svc.session_dir())
+        wait_for(lambda: all(t["health"] == "up" for t in prom.targets()) and prom.targets(),
+                 "every Ray target up in Prometheus")
+        for metric, n in zero_series().items():
+            wait_for(lambda: len(prom.query(metric)) >= n, f"{n} series of {metric} scraped")
+            if (value := total(prom, metric)) != 0:
+                problems.append(f"{metric} is {value} before any traffic")
+        print(f"before traffic: every counter series the board plots exists at 0 "
+              f"({sum(zero_series().values())} series)")
+        time.sleep(2)  # more scrapes at 0: the run's window starts on one
+        started = time.time() - 1
+        metrics_url = svc.metrics_url()
+        traffic = asyncio.run(send_traffic(svc.url, metrics_url))
+        problems += traffic.problems
+        sent = sum(traffic.answered.values())
+        print(f"sent {sent} requests; statuses by scene (0: hung up): "
+              + "; ".join(f"{k} {dict(v)}" for k, v in traffic.scenes.items())
+              + f"; items scored {traffic.items_scored}, refused {traffic.refused}, "
+              f"abandoned {traffic.abandoned}")
+        wait_for(lambda: total(prom, "sum(ray_ranker_requests_total)") == sent
+                 and total(prom, "sum(ray_ranker_items_scored_total)") == traffic.items_scored
+                 and total(prom, "sum(ray_ranker_sequences_dropped_total)")
+                 == service_sample(scrape(metrics_url)).dropped,
+                 "every request, item and drop in Prometheus")
+        dropped = service_sample(scrape(metrics_url)).dropped
+        if not 1 <= dropped <= traffic.abandoned:
+            problems.append(f"{dropped} sequences dropped for {traffic.abandoned} abandoned")
+        rows, panel_problems = check_panels(prom, traffic, dropped, started, time.time())
+        problems += panel_problems
+        print_table(rows)
+    finally:
+        if prom is not None:
+            prom.stop()
+        stop_service(svc)
+    for problem in problems:
+        print(f"FAIL: {problem}")
+    print("dashboard check: " + ("FAILED" if problems else "every panel OK"))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The Grafana board against a real Prometheus, with Ray's token authentication on: runs
+scripts/check_dashboard.py (its own service and Prometheus; about 2 minutes on 2 cores)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtest.prometheus_server import find_prometheus
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_panel_counts_what_was_sent():
+    try:
+        find_prometheus()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc))
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "check_dashboard.py")],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-4000:]
+    assert "dashboard check: every panel OK" in out.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from ray import serve
 
@@ -36,6 +37,7 @@ class ScoreWorker:
             engine, config.scheduler.model_copy(update={"max_batch_tokens": budget}))
         self.scheduler.start()
         self.metrics = WorkerMetrics(self.scheduler)
+        self._refused_seen = (0, time.monotonic())  # refused tokens at the last stats report
         logger.info("ScoreWorker ready: %s", config)
 
     async def score(self, job: ScoreJob) -> list[list[list[float]]] | ScorerOverloaded:
@@ -50,11 +52,15 @@ class ScoreWorker:
     def record_autoscaling_stats(self) -> dict[str, float]:
         # Read by the queue-depth autoscaling policy (ranker_app/autoscaling_policy.py).
         depth = self.scheduler.depth()
+        refused, now = self.scheduler.refused_tokens, time.monotonic()
+        seen, since = self._refused_seen
+        self._refused_seen = (refused, now)
         return {
             "queued_tokens": depth.queued_tokens,
             "inflight_tokens": depth.inflight_tokens,
             "queued_sequences": depth.queued_sequences,
             "inflight_sequences": depth.inflight_sequences,
+            "refused_tokens_per_s": (refused - seen) / max(now - since, 1e-3),
         }
 
     def ping(self) -> bool:

@@ -63,6 +63,9 @@ class Scheduler:
         self.batches_run = 0
         self.cancelled_dropped = 0  # tasks skipped because their caller went away
         self.expired_dropped = 0  # tasks answered "overloaded": they waited past max_queue_wait_s
+        # Tokens turned away (admission) or expired in the queue: demand the autoscaler must
+        # still see, or shedding would hide the load that should add a replica.
+        self.refused_tokens = 0
         # Finished batches for a metrics reader to drain; bounded so nobody reading costs nothing.
         self.batch_log: collections.deque[BatchRecord] = collections.deque(maxlen=4096)
 
@@ -85,6 +88,8 @@ class Scheduler:
         queued = self.depth().queued_tokens
         tokens = sum(seq.num_tokens for seq in job.sequences)
         if self.max_queued_tokens > 0 and queued > 0 and queued + tokens > self.max_queued_tokens:
+            with self._lock:
+                self.refused_tokens += tokens
             raise ScorerOverloaded(f"{queued} tokens already queued (limit "
                                    f"{self.max_queued_tokens})")
         loop = asyncio.get_running_loop()
@@ -157,6 +162,8 @@ class Scheduler:
             if 0 < self.max_queue_wait_s < now - task.arrived:  # too late to be worth computing
                 self._drop_first()
                 self.expired_dropped += 1
+                with self._lock:
+                    self.refused_tokens += task.num_tokens
                 self._answer(task, ScorerOverloaded(
                     f"waited {now - task.arrived:.2f} s in the queue (limit "
                     f"{self.max_queue_wait_s:g} s)"))

@@ -9,13 +9,17 @@ from ranker_app.autoscaling_policy import QueueDepthPolicy
 DEPLOYMENT = DeploymentID(name="ScoreWorker", app_name="score")
 
 
-def _context(queued: list[float] | None, inflight: list[float] | None, target: int = 2):
-    """Context for `target` replicas whose reported averages are `queued` / `inflight`."""
+def _context(queued: list[float] | None, inflight: list[float] | None, target: int = 2,
+             refused: list[float] | None = None):
+    """Context for `target` replicas whose reported averages are `queued` / `inflight` (and
+    `refused` tokens per second, when given)."""
     replicas = [ReplicaID(f"r{i}", DEPLOYMENT) for i in range(target)]
     metrics = None
     if queued is not None:
         metrics = {"queued_tokens": dict(zip(replicas, queued)),
                    "inflight_tokens": dict(zip(replicas, inflight))}
+    if refused is not None:
+        metrics["refused_tokens_per_s"] = dict(zip(replicas, refused))
     return AutoscalingContext(
         deployment_id=DEPLOYMENT, deployment_name="ScoreWorker", app_name="score",
         current_num_replicas=target, target_num_replicas=target, running_replicas=replicas,
@@ -29,7 +33,16 @@ def test_desired_replicas_cover_all_tokens_at_the_target_per_replica():
     policy = QueueDepthPolicy(target_tokens_per_replica=10_000)
     # 2 replicas: 30k + 5k queued, 8k + 8k running = 51k tokens → 6 replicas of 10k.
     desired, state = policy(_context([30_000, 5_000], [8_000, 8_000]))
-    assert desired == 6 and state == {"tokens": 51_000}
+    assert desired == 6 and state == {"tokens": 51_000, "refused_tokens": 0}
+
+
+def test_refused_demand_still_asks_for_replicas():
+    """A replica that sheds its excess holds a short queue; the tokens it refused per second
+    count as queued, so the excess still adds replicas."""
+    policy = QueueDepthPolicy(target_tokens_per_replica=10_000)
+    assert policy(_context([2_000], [8_000], target=1))[0] == 1  # full, nothing refused
+    desired, state = policy(_context([2_000], [8_000], target=1, refused=[15_000]))
+    assert desired == 3 and state["refused_tokens"] == 15_000
 
 
 def test_exactly_at_target_keeps_the_count_and_idle_asks_for_none():

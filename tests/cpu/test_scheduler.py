@@ -210,3 +210,4 @@ def test_task_waiting_past_the_queue_bound_is_refused_not_computed(engine, seque
     assert isinstance(results[1], list) and len(results[1]) == fresh.num_items
     assert spy.batches == [[id(fresh)]]
     assert scheduler.expired_dropped == 1 and scheduler.depth() == IDLE
+    assert scheduler.refused_tokens == stale.num_tokens

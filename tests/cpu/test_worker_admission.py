@@ -35,6 +35,7 @@ def test_job_past_the_queued_token_limit_is_refused_without_queueing(engine):
         with pytest.raises(ScorerOverloaded, match="60 tokens already queued"):
             await scheduler.run_job(_job(41))
         assert scheduler.depth().queued_tokens == 60  # the refused job left nothing behind
+        assert scheduler.refused_tokens == 41  # but its demand is counted for the autoscaler
         second = asyncio.ensure_future(scheduler.run_job(_job(40)))
         await asyncio.sleep(0)
         assert scheduler.depth().queued_tokens == 100  # exactly at the limit is accepted

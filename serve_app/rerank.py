@@ -63,7 +63,8 @@ class RerankPrompter:
         self.tokenizer = tokenizer
         before, after = prompt.document.split("{document}")
         self._prefix_template = prompt.prefix + before
-        self.suffix_ids = tokenizer.encode_items([after + prompt.suffix])[0]
+        self._after = after + prompt.suffix  # the text after each document
+        self.suffix_ids = tokenizer.encode_items([self._after])[0]
         self.label_ids = [_single_token(tokenizer, prompt.yes_label, "yes_label"),
                           _single_token(tokenizer, prompt.no_label, "no_label")]
 
@@ -83,13 +84,20 @@ class RerankPrompter:
         """(prefix ids, items = document ids + suffix ids, number of truncated documents)."""
         prefix, lead = self.render_prefix(req.query, req.instruction)
         prefix_ids = self.tokenizer.encode_query(prefix)
-        docs = self.tokenizer.encode_items([lead + d for d in req.documents]) \
-            if req.documents else []
+        if not req.documents:
+            return prefix_ids, [], 0
+        # Each document is tokenized together with the text after it: BPE may join a
+        # document's last characters with the suffix's first (".\n" is one Qwen token), and the
+        # joined prompt text is what the model reads.
+        items = self.tokenizer.encode_items([lead + d + self._after for d in req.documents])
         truncated = 0
         if req.max_tokens_per_doc is not None:
-            truncated = sum(len(d) > req.max_tokens_per_doc for d in docs)
-            docs = [d[:req.max_tokens_per_doc] for d in docs]
-        return prefix_ids, [d + self.suffix_ids for d in docs], truncated
+            docs = self.tokenizer.encode_items([lead + d for d in req.documents])
+            for k, doc in enumerate(docs):
+                if len(doc) > req.max_tokens_per_doc:
+                    items[k] = doc[:req.max_tokens_per_doc] + self.suffix_ids
+                    truncated += 1
+        return prefix_ids, items, truncated
 
 
 def _single_token(tokenizer: TextTokenizer, label: str, name: str) -> int:

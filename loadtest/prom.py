@@ -40,7 +40,6 @@ def scrape(url: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], 
 class ServiceSample:
     """The scorer deployment's state in one scrape."""
 
-    worker_replicas: int = 0  # healthy ScoreWorker replicas
     target_replicas: int | None = None  # what the autoscaler asks for
     queued_tokens: float = 0.0  # summed over replicas
     inflight_tokens: float = 0.0
@@ -55,10 +54,7 @@ def service_sample(samples: list[tuple[str, dict[str, str], float]],
     for name, labels, value in samples:
         if labels.get("deployment") != deployment:
             continue
-        if name == "ray_serve_deployment_replica_healthy":
-            # One 1/0 series per replica, or one count per deployment (Ray's default tags).
-            out.worker_replicas += int(value)
-        elif name == "ray_serve_autoscaling_target_replicas":
+        if name == "ray_serve_autoscaling_target_replicas":
             out.target_replicas = int(value)
         elif name == "ray_ranker_queue_tokens":
             if labels.get("state") == "queued":

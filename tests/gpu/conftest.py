@@ -2,9 +2,11 @@
 tokenizer, made on first use by scripts/make_random_model.py. Every test here is marked gpu and
 skipped without CUDA."""
 
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,45 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 QWEN3_PATH = REPO / "models" / "qwen3-0.6b-random"
 YES, NO = 9454, 2753  # "Yes", "No" in the Qwen3 vocabulary
+LABELS = [YES, NO]
+
+
+def run_batch(engine, sequences, labels=LABELS):
+    """One batch of `sequences` through Engine.launch + finish: per sequence, items × labels."""
+    from gpu_worker.engine import ScoreTask
+
+    tasks = [ScoreTask(s, labels, lambda _: None) for s in sequences]
+    return engine.finish(engine.launch(tasks))
+
+
+def softmax(row):
+    top = max(row)
+    w = [math.exp(x - top) for x in row]
+    return [x / sum(w) for x in w]
+
+
+def scheduled(engine, sequences, overlap, max_batch_tokens=4096):
+    """Results of `sequences` through the scheduling loop, all queued before it starts (so the
+    batches are the same in every run), in submission order."""
+    from gpu_worker.engine import ScoreTask
+    from gpu_worker.scheduler import Scheduler
+    from ranker_contract.config import SchedulerConfig
+
+    results = {}
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=max_batch_tokens,
+                                                  max_batch_sequences=64, overlap=overlap))
+    for i, seq in enumerate(sequences):
+        scheduler.submit(ScoreTask(seq, LABELS, lambda r, i=i: results.__setitem__(i, r)))
+    scheduler.start()
+    try:
+        for _ in range(600):
+            if len(results) == len(sequences):
+                break
+            time.sleep(0.05)
+    finally:
+        scheduler.stop()
+    assert scheduler.batches_run > 2
+    return [results[i] for i in range(len(sequences))]
 
 
 def pytest_collection_modifyitems(items):

@@ -3,7 +3,6 @@ batch compositions, bucket edges, padding, replays after other shapes, and no ho
 
 import math
 import random
-import time
 
 import pytest
 import torch
@@ -11,9 +10,7 @@ import torch
 from gpu_worker.engine import Engine, ScoreTask
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain, pack_request
-from tests.gpu.conftest import NO, YES
-
-LABELS = [YES, NO]
+from tests.gpu.conftest import LABELS, run_batch, scheduled, softmax
 VOCAB = 151643
 
 
@@ -27,24 +24,13 @@ def _ids(rng, n):
     return [rng.randrange(VOCAB) for _ in range(n)]
 
 
-def _run(engine, sequences, labels=LABELS):
-    tasks = [ScoreTask(s, labels, lambda _: None) for s in sequences]
-    return engine.finish(engine.launch(tasks))
-
-
-def _softmax(row):
-    top = max(row)
-    w = [math.exp(x - top) for x in row]
-    return [x / sum(w) for x in w]
-
-
 def _worst(a, b):
     """(max |Δ log-prob|, max |Δ softmax score|) over every item of every sequence."""
     lp = p = 0.0
     for s1, s2 in zip(a, b, strict=True):
         for r1, r2 in zip(s1, s2, strict=True):
             lp = max(lp, *(abs(x - y) for x, y in zip(r1, r2)))
-            p = max(p, *(abs(x - y) for x, y in zip(_softmax(r1), _softmax(r2))))
+            p = max(p, *(abs(x - y) for x, y in zip(softmax(r1), softmax(r2))))
     return lp, p
 
 
@@ -82,8 +68,8 @@ def test_graph_replay_equals_eager(fast_engine, graph_engine):
     worst = {}
     for _ in range(2):
         for name, sequences in batches.items():
-            graphs, eager = _run(graph_engine, sequences), _run(fast_engine, sequences)
-            ref = _run(reference, sequences)
+            graphs, eager = run_batch(graph_engine, sequences), run_batch(fast_engine, sequences)
+            ref = run_batch(reference, sequences)
             worst[name] = tuple(map(max, worst.get(name, (0.0, 0.0)), _worst(graphs, eager)))
             print(f"{name}: graphs vs eager max |Δ logprob| {worst[name][0]:.2e}, max |Δ softmax| "
                   f"{worst[name][1]:.2e}; vs the torch backend (logprob, softmax): graphs "
@@ -97,8 +83,8 @@ def test_padding_never_changes_a_score(graph_engine):
     query, items = _ids(rng, 100), [_ids(rng, n) for n in (150, 20, 1, 80)]
     alone = [pack_multi_item(query, items, 0)]
     others = [pack_multi_item(_ids(rng, 60), [_ids(rng, 200)] * 4, 0) for _ in range(3)]
-    (scores_alone,) = _run(graph_engine, alone)
-    scores_packed = _run(graph_engine, others + alone)[-1]
+    (scores_alone,) = run_batch(graph_engine, alone)
+    scores_packed = run_batch(graph_engine, others + alone)[-1]
     assert _worst([scores_alone], [scores_packed])[1] <= 1e-3
     assert all(math.isfinite(x) for row in scores_packed for x in row)
 
@@ -107,7 +93,7 @@ def test_batches_past_the_largest_bucket_run_eagerly(fast_engine, graph_engine):
     rng = random.Random(13)
     big = [pack_multi_item(_ids(rng, 120), [_ids(rng, 180)] * 30, 0)]  # 5,551 tokens
     assert graph_engine.graphs.pick(big, 30, 60) is None
-    lp, p = _worst(_run(graph_engine, big), _run(fast_engine, big))
+    lp, p = _worst(run_batch(graph_engine, big), run_batch(fast_engine, big))
     assert lp == 0.0 and p == 0.0  # the same eager kernels
 
 
@@ -129,31 +115,11 @@ def test_overlap_loop_with_graphs_equals_sync(fast_engine, graph_engine):
     """In the overlap loop a batch launched while another runs goes eager (its launches hide
     behind the running batch) and one launched on an idle device replays a graph; without
     overlap every batch that fits replays. Either way every result matches the eager engine."""
-    from gpu_worker.scheduler import Scheduler
-    from ranker_contract.config import SchedulerConfig
-
     rng = random.Random(15)
     sequences = [pack_multi_item(_ids(rng, 60), [_ids(rng, 120)] * 5, 0) for _ in range(12)]
 
-    def scheduled(engine, overlap):
-        results = {}
-        scheduler = Scheduler(engine, SchedulerConfig(
-            max_batch_tokens=2048, max_batch_sequences=64, overlap=overlap))
-        for i, seq in enumerate(sequences):  # all queued before start: identical batches
-            scheduler.submit(ScoreTask(seq, LABELS, lambda r, i=i: results.__setitem__(i, r)))
-        scheduler.start()
-        try:
-            for _ in range(600):
-                if len(results) == len(sequences):
-                    break
-                time.sleep(0.05)
-        finally:
-            scheduler.stop()
-        assert scheduler.batches_run > 2
-        return [results[i] for i in range(len(sequences))]
-
-    eager = scheduled(fast_engine, False)
+    eager = scheduled(fast_engine, sequences, False, max_batch_tokens=2048)
     for overlap in (True, False):
-        lp, p = _worst(scheduled(graph_engine, overlap), eager)
+        lp, p = _worst(scheduled(graph_engine, sequences, overlap, max_batch_tokens=2048), eager)
         print(f"overlap={overlap}: graph engine vs eager max |Δ logprob| {lp:.2e}, softmax {p:.2e}")
         assert lp <= 5e-2 and p <= 5e-3

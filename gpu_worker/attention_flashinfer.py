@@ -8,6 +8,8 @@ Plain causal sequences share the batch with prefix_len = their length and an all
 
 from __future__ import annotations
 
+import array
+
 import torch
 
 from ranker_contract.model_config import ModelConfig
@@ -70,17 +72,18 @@ class FlashInferAttention:
         if all(s.prefix_len == s.num_tokens for s in sequences):
             return {}, ()  # only plain sequences: the causal mask is enough
         stride = max(len(s.token_pos_in_items) for s in sequences)
-        token_pos: list[int] = []
+        zero_row = array.array("H", bytes(2 * stride))
+        token_pos = array.array("H")
         for s in sequences:
             if s.max_item_len > MAX_ITEM_POS:
                 raise ValueError(f"an item of {s.max_item_len} tokens exceeds {MAX_ITEM_POS}")
             token_pos.extend(s.token_pos_in_items)
-            token_pos.extend([0] * (stride - len(s.token_pos_in_items)))
+            token_pos.extend(zero_row[len(s.token_pos_in_items):])
         # Fresh pinned tensors each batch, copied without waiting; the kernel reads them on the
         # GPU, so they stay referenced (Step.keep_alive) until the batch finished.
         host = (
             torch.tensor([s.prefix_len for s in sequences], dtype=torch.int64).to(torch.uint32),
-            torch.tensor(token_pos, dtype=torch.int32).to(torch.uint16),
+            torch.frombuffer(token_pos, dtype=torch.uint16),
             torch.tensor([s.max_item_len for s in sequences], dtype=torch.int32).to(torch.uint16),
         )
         host = tuple(h.pin_memory() for h in host)
@@ -134,12 +137,8 @@ class FlashInferGraphAttention(FlashInferAttention):
         self.prefix_len_gpu = torch.zeros(slots, dtype=torch.uint32, device=device)
         self.token_pos_gpu = torch.zeros(slots * tokens, dtype=torch.uint16, device=device)
         self.max_item_len_gpu = torch.zeros(slots, dtype=torch.uint16, device=device)
+        self._zero_row = array.array("H", bytes(2 * tokens))
         self._plan_copied = None
-
-    def fits(self, sequences: list[PackedSequence]) -> bool:
-        return (len(sequences) <= self.max_sequences
-                and sum(s.num_tokens for s in sequences) <= self.tokens
-                and all(s.max_item_len <= MAX_ITEM_POS for s in sequences))
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         real = len(sequences)
@@ -154,15 +153,22 @@ class FlashInferGraphAttention(FlashInferAttention):
         # The padding sequence is plain (prefix_len = its length); empty ones have no tiles.
         prefix = [s.prefix_len for s in sequences] + [padding] + [0] * (self.max_sequences - real)
         max_item = [s.max_item_len for s in sequences] + [0] * (self.max_sequences + 1 - real)
-        token_pos = torch.zeros((max(real, 1), self.tokens), dtype=torch.int32)
-        for i, s in enumerate(sequences):
-            if s.token_pos_in_items:
-                token_pos[i, : len(s.token_pos_in_items)] = torch.tensor(s.token_pos_in_items)
+        # Rows of token positions, `tokens` apart, up to the last sequence with items: a plain
+        # sequence (and the padding one) never reads its row, so trailing ones are not written.
+        with_items = [s.token_pos_in_items for s in sequences]
+        while with_items and not with_items[-1]:
+            with_items.pop()
+        token_pos = array.array("H")
+        for pos in with_items:
+            token_pos.extend(pos)
+            token_pos.extend(self._zero_row[len(pos):])
         host = (torch.tensor(prefix, dtype=torch.int64).to(torch.uint32).pin_memory(),
-                token_pos.to(torch.uint16).flatten().pin_memory(),
+                torch.frombuffer(token_pos, dtype=torch.uint16).pin_memory() if token_pos
+                else None,
                 torch.tensor(max_item, dtype=torch.int32).to(torch.uint16).pin_memory())
         self.prefix_len_gpu.copy_(host[0], non_blocking=True)
-        self.token_pos_gpu[: host[1].numel()].copy_(host[1], non_blocking=True)
+        if host[1] is not None:
+            self.token_pos_gpu[: host[1].numel()].copy_(host[1], non_blocking=True)
         self.max_item_len_gpu.copy_(host[2], non_blocking=True)
         self._wait_for_previous_plan()
         self.wrapper.plan(
@@ -176,4 +182,4 @@ class FlashInferGraphAttention(FlashInferAttention):
             disable_split_kv=True,
         )
         self._plan_issued()
-        return host
+        return tuple(h for h in host if h is not None)

@@ -12,7 +12,7 @@ from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.scheduler import Scheduler
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
-from ranker_contract.packing import ScoreJob
+from ranker_contract.packing import ScoredJob, ScoreJob
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,10 @@ class ScoreWorker:
         self._refused_seen = (0, time.monotonic())  # refused tokens at the last stats report
         logger.info("ScoreWorker ready: %s", config)
 
-    async def score(self, job: ScoreJob) -> list[list[list[float]]] | ScorerOverloaded:
-        """Per sequence, items × label log-probs; or the refusal, returned as a value (see
-        ranker_contract/errors.py: no traceback logged per refusal)."""
+    async def score(self, job: ScoreJob) -> ScoredJob | ScorerOverloaded:
+        """Per sequence, items × label log-probs (and where the job's time went); or the
+        refusal, returned as a value (see ranker_contract/errors.py: no traceback logged per
+        refusal)."""
         try:
             return await self.scheduler.run_job(job)
         except ScorerOverloaded as refusal:

@@ -19,6 +19,7 @@ import torch
 from gpu_worker.attention_flashinfer import FlashInferAttention
 from gpu_worker.attention_torch import TorchAttention
 from gpu_worker.graphs import CudaGraphs
+from gpu_worker.host_tensors import int64_tensor
 from gpu_worker.loader import load_model
 from gpu_worker.model import AttentionBackend, CausalLMForScoring
 from gpu_worker.ops import CudaOps, TorchOps
@@ -45,6 +46,7 @@ class ScoreTask:
     # True once nobody waits for the result (the caller went away): the loop drops the task.
     cancelled: Callable[[], bool] = lambda: False
     arrived: float = field(default_factory=time.monotonic)  # for the queue-wait bound
+    launched: float = 0.0  # time.monotonic() when its batch was launched (set by the scheduler)
 
     @property
     def num_tokens(self) -> int:
@@ -135,8 +137,8 @@ class Engine:
                                            label_rows, label_ids)
             return self._read_back(tasks, out, keep)
         on_cuda = self.device.type == "cuda"
-        host = [
-            torch.tensor(x, dtype=torch.int64, pin_memory=on_cuda)  # [T], [T], [R], [N], [N]
+        host = [  # [T], [T], [R], [N], [N]
+            int64_tensor(x, pin=on_cuda)
             for x in (input_ids, positions, score_rows, label_rows, label_ids)
         ]
         dev = [h.to(self.device, non_blocking=True) for h in host]

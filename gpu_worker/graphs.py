@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_worker.attention_flashinfer import WORKSPACE_BYTES, FlashInferGraphAttention
+from gpu_worker.attention_flashinfer import (MAX_ITEM_POS, WORKSPACE_BYTES,
+                                             FlashInferGraphAttention)
+from gpu_worker.host_tensors import int64_tensor
 from gpu_worker.model import CausalLMForScoring, Ops
 from ranker_contract.packing import PackedSequence
 
@@ -49,10 +51,16 @@ class CudaGraphs:
         pool = torch.cuda.graph_pool_handle()
         self.graphs: list[_Graph] = []
         for tokens in sorted(token_buckets, reverse=True):  # largest first: the pool is reused
-            attention = FlashInferGraphAttention(model.config, device, backend, tokens,
-                                                 MAX_SEQUENCES, workspace)
+            # Every sequence has a score row, so a batch has no more sequences than rows: a small
+            # row bucket gets few sequence slots, and planning it (per slot) is cheap.
+            attention_by_slots: dict[int, FlashInferGraphAttention] = {}
             for rows in sorted((r for r in ROW_BUCKETS if r <= tokens), reverse=True):
-                self.graphs.append(_capture(model, ops, attention, tokens, rows, pool, device))
+                slots = min(rows, MAX_SEQUENCES)
+                if slots not in attention_by_slots:
+                    attention_by_slots[slots] = FlashInferGraphAttention(
+                        model.config, device, backend, tokens, slots, workspace)
+                self.graphs.append(_capture(model, ops, attention_by_slots[slots], tokens, rows,
+                                            pool, device))
         self.graphs.sort(key=lambda g: (g.tokens, g.rows))
         torch.cuda.synchronize()
         used = free_before - torch.cuda.mem_get_info()[0]
@@ -62,8 +70,12 @@ class CudaGraphs:
 
     def pick(self, sequences: list[PackedSequence], rows: int, labels: int) -> _Graph | None:
         """The smallest captured graph that holds the batch, or None (run it eagerly)."""
+        if any(s.max_item_len > MAX_ITEM_POS for s in sequences):
+            return None
+        tokens = sum(s.num_tokens for s in sequences)
         for g in self.graphs:
-            if rows <= g.rows and labels <= g.labels and g.attention.fits(sequences):
+            if (tokens <= g.tokens and rows <= g.rows and labels <= g.labels
+                    and len(sequences) <= g.attention.max_sequences):
                 return g
         return None
 
@@ -74,9 +86,9 @@ class CudaGraphs:
         pad_tokens = [0] * (g.tokens - len(input_ids))
         pad_rows = [0] * (g.rows - len(score_rows))
         pad_labels = [0] * (g.labels - len(label_ids))
-        host = torch.tensor(input_ids + pad_tokens + positions + pad_tokens + score_rows
+        host = int64_tensor(input_ids + pad_tokens + positions + pad_tokens + score_rows
                             + pad_rows + label_rows + pad_labels + label_ids + pad_labels,
-                            dtype=torch.int64, pin_memory=True)
+                            pin=True)
         g.meta.copy_(host, non_blocking=True)
         keep = g.attention.plan(sequences, self.dtype)
         g.graph.replay()

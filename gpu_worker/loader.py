@@ -22,8 +22,8 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> 
     with torch.device("meta"):
         model = CausalLMForScoring(cfg)
     state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(f, device="cpu"))
+    for f in files:  # straight onto the device: packing and casting there is fast
+        state.update(load_file(f, device=str(device)))
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     # Old checkpoints store RoPE frequencies; we compute them from the config.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from gpu_worker.engine import DoneCallback, Engine, ScoreTask, Step
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
-from ranker_contract.packing import ScoreJob
+from ranker_contract.packing import ScoredJob, ScoreJob
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Scheduler:
         self.overlap = cfg.overlap
         self.max_queued_tokens = cfg.max_queued_tokens
         self.max_queue_wait_s = cfg.max_queue_wait_s
-        self._incoming: queue.SimpleQueue[ScoreTask] = queue.SimpleQueue()
+        self._incoming: queue.SimpleQueue[tuple[ScoreTask, ...]] = queue.SimpleQueue()
         self._waiting: collections.deque[ScoreTask] = collections.deque()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="score-loop", daemon=True)
@@ -69,15 +69,18 @@ class Scheduler:
         # Finished batches for a metrics reader to drain; bounded so nobody reading costs nothing.
         self.batch_log: collections.deque[BatchRecord] = collections.deque(maxlen=4096)
 
-    def submit(self, task: ScoreTask) -> None:
-        """Thread-safe. The task's on_done runs on the loop thread."""
+    def submit(self, *tasks: ScoreTask) -> None:
+        """Thread-safe. The tasks reach the loop together, so a job's sequences that fit one
+        batch are launched in one (the loop never wakes to a part of them). Each task's on_done
+        runs on the loop thread."""
         with self._lock:
-            self._queued[0] += task.num_tokens
-            self._queued[1] += 1
-        self._incoming.put(task)
+            self._queued[0] += sum(t.num_tokens for t in tasks)
+            self._queued[1] += len(tasks)
+        self._incoming.put(tasks)
 
-    async def run_job(self, job: ScoreJob) -> list[list[list[float]]]:
-        """Submit every sequence of a job and wait for all: per sequence, items × label log-probs.
+    async def run_job(self, job: ScoreJob) -> ScoredJob:
+        """Submit every sequence of a job and wait for all: per sequence, items × label log-probs,
+        with the time the job waited for its first launch and the time from there to its end.
 
         Admission: with `max_queued_tokens` > 0 a job that would push the tokens waiting past it
         raises ScorerOverloaded (nothing is queued). A job always gets in when nothing waits, so a
@@ -93,19 +96,25 @@ class Scheduler:
             raise ScorerOverloaded(f"{queued} tokens already queued (limit "
                                    f"{self.max_queued_tokens})")
         loop = asyncio.get_running_loop()
-        futures = []
+        arrived = time.monotonic()
+        futures, tasks = [], []
         for seq in job.sequences:
             fut = loop.create_future()
             # NOTE: if the request is cancelled (client gone, timeout), gather cancels these
             # futures; the loop thread reads fut.cancelled() and drops the task unscored.
-            self.submit(ScoreTask(seq, job.label_ids, _resolver(loop, fut), fut.cancelled))
+            tasks.append(ScoreTask(seq, job.label_ids, _resolver(loop, fut), fut.cancelled,
+                                   arrived))
             futures.append(fut)
+        self.submit(*tasks)
         try:
-            return list(await asyncio.gather(*futures))
+            results = list(await asyncio.gather(*futures))
         except ScorerOverloaded:
             for fut in futures:  # nobody will read the rest: never compute it
                 fut.cancel()
             raise
+        first_launch = min((t.launched for t in tasks), default=arrived)
+        return ScoredJob(results, queued_s=first_launch - arrived,
+                         computed_s=time.monotonic() - first_launch)
 
     def start(self) -> None:
         self._thread.start()
@@ -143,9 +152,9 @@ class Scheduler:
     def _admit(self, block: bool) -> None:
         try:
             if block:
-                self._waiting.append(self._incoming.get(timeout=0.05))
+                self._waiting.extend(self._incoming.get(timeout=0.05))
             while True:
-                self._waiting.append(self._incoming.get_nowait())
+                self._waiting.extend(self._incoming.get_nowait())
         except queue.Empty:
             pass
 
@@ -189,6 +198,9 @@ class Scheduler:
 
     def _launch(self, batch: list[ScoreTask], overlapped: bool) -> tuple[Step, float] | None:
         started = time.perf_counter()
+        launched = time.monotonic()
+        for task in batch:
+            task.launched = launched
         try:
             return self.engine.launch(batch, overlapped=overlapped), started
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop

@@ -4,11 +4,13 @@ Usage: python -m loadtest.engine_latency [--repeats 30] [--out docs/results/engi
 The engine is built from configs/score-gpu.yaml, once with CUDA graphs off (eager) and once with
 them on (same weights); each request is packed the way the ingress packs
 it (`pack_request`, so an empty query gives one plain sequence per item) and run alone through
-`Engine.launch` + `finish`. Wall: median over the repeats, host preparation included. Kernel:
+`Engine.launch` + `finish`. Wall: median over the repeats, host preparation included; launch:
+median host time until `launch` returns (the GPU cannot start before). Kernel:
 the CUDA kernels' own time per step from the torch profiler (a launch-bound step has far less
 kernel time than wall time). A request with an empty query is also run packed as one multi-item
 sequence (`pack_multi_item`, the packing before plain sequences were used for it), for
-comparison. Prints a table; writes JSON.
+comparison. `--host-profile` also prints where the host time of a graph launch of the
+10 × 300 shape goes (cProfile). Prints a table; writes JSON.
 """
 
 from __future__ import annotations
@@ -36,26 +38,47 @@ CONFIG = "score-gpu.yaml"
 SHAPES = [(120, 10, 180), (0, 1, 300), (0, 10, 300), (120, 50, 200), (20, 20, 100)]
 
 
-def measure(engine: Engine, tasks: list[ScoreTask], repeats: int) -> tuple[float, float]:
-    """Median wall ms of `repeats` lone steps (after 3 warm-up steps), and kernel ms per step."""
+def measure(engine: Engine, tasks: list[ScoreTask], repeats: int) -> tuple[float, float, float]:
+    """Median wall ms and launch ms of `repeats` lone steps (after 3 warm-up steps), and kernel
+    ms per step."""
     for _ in range(3):
         engine.finish(engine.launch(tasks))
-    walls = []
+    walls, launches = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        engine.finish(engine.launch(tasks))
+        step = engine.launch(tasks)
+        t1 = time.perf_counter()
+        engine.finish(step)
         walls.append((time.perf_counter() - t0) * 1e3)
+        launches.append((t1 - t0) * 1e3)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             engine.finish(engine.launch(tasks))
     kernel_us = sum(e.self_device_time_total for e in prof.key_averages())
-    return statistics.median(walls), kernel_us / 5 / 1e3
+    return statistics.median(walls), statistics.median(launches), kernel_us / 5 / 1e3
+
+
+def host_profile(engine: Engine, tasks: list[ScoreTask]) -> None:
+    """Print the functions that take the host time of 20 graph launches."""
+    import cProfile
+    import pstats
+
+    for _ in range(3):
+        engine.finish(engine.launch(tasks))
+    prof = cProfile.Profile()
+    for _ in range(20):
+        prof.enable()
+        step = engine.launch(tasks)
+        prof.disable()
+        engine.finish(step)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_latency.json")
+    p.add_argument("--host-profile", action="store_true")
     args = p.parse_args()
     app = shipped_app_config(CONFIG)
     eager_cfg = app.engine.model_copy(update={"cuda_graphs": False})
@@ -75,11 +98,15 @@ def main() -> None:
             packings["multi-item"] = [pack_multi_item(query, item_ids, 0)]
         for packing, sequences in packings.items():
             tasks = [ScoreTask(seq, list(workload.labels), lambda _: None) for seq in sequences]
-            wall_ms, kernel_ms = measure(engine, tasks, args.repeats)
+            wall_ms, launch_ms, kernel_ms = measure(engine, tasks, args.repeats)
+            if (args.host_profile and mode == "graphs" and packing == "request"
+                    and (query_len, items, item_len) == (0, 10, 300)):
+                host_profile(engine, tasks)
             rows.append({"query_len": query_len, "items": items, "item_len": item_len,
                          "mode": mode, "packing": packing, "sequences": len(sequences),
                          "tokens": sum(s.num_tokens for s in sequences),
-                         "wall_ms": round(wall_ms, 2), "kernel_ms": round(kernel_ms, 2)})
+                         "wall_ms": round(wall_ms, 2), "launch_ms": round(launch_ms, 2),
+                         "kernel_ms": round(kernel_ms, 2)})
     out = {"rows": rows, "repeats": args.repeats, "graph_capture_s": round(capture_s, 2),
            "gpu": torch.cuda.get_device_name(),
            "command": "python -m loadtest.engine_latency " + " ".join(sys.argv[1:]),
@@ -88,11 +115,11 @@ def main() -> None:
     args.out.write_text(json.dumps(out, indent=1))
     print(f"CUDA graphs captured in {capture_s:.1f} s")
     print(f"{'request':>18s} {'mode':>6s} {'packing':>10s} {'seqs':>5s} {'tokens':>7s} "
-          f"{'wall ms':>8s} {'kernel ms':>9s}")
+          f"{'wall ms':>8s} {'launch ms':>9s} {'kernel ms':>9s}")
     for r in rows:
         shape = f"{r['query_len']} + {r['items']} x {r['item_len']}"
         print(f"{shape:>18s} {r['mode']:>6s} {r['packing']:>10s} {r['sequences']:5d} "
-              f"{r['tokens']:7d} {r['wall_ms']:8.2f} {r['kernel_ms']:9.2f}")
+              f"{r['tokens']:7d} {r['wall_ms']:8.2f} {r['launch_ms']:9.2f} {r['kernel_ms']:9.2f}")
 
 if __name__ == "__main__":
     main()

@@ -5,8 +5,9 @@
 # idle single-request latency (200 sequential requests of 10 items × 300 tokens) and its
 # Server-Timing breakdown; an open-loop Poisson sweep of the bench workload (120-token query +
 # 10 items × 180 tokens) as token ids; the same sweep sent as text (natural words, about the
-# same token counts); and overload at 1, 1.2, 1.5 and 3 × the token-id capacity (the best
-# sweep point). Writes JSON to $OUT (or docs/results) and a summary e2e_gpu.json.
+# same token counts); overload at 1, 1.2, 1.5 and 3 × the token-id capacity (the best sweep
+# point); and latency vs load: P50/P99 at 10%, 50% and 90% of that capacity
+# (load_levels.png). Writes JSON to $OUT (or docs/results) and a summary e2e_gpu.json.
 set -uo pipefail
 rates=${1:-60,100,140,180,220,260}
 text_rates=${2:-$rates}
@@ -32,6 +33,8 @@ capacity=$(python3 -c "import json; b = json.load(open('$out/sweep.json'))['best
 if [ -n "$capacity" ]; then
   python3 -m loadtest.loadgen overload --capacity-rps "$capacity" --multiples 1,1.2,1.5,3 \
     --duration 15 --warmup 3 --no-progress --out "$out/overload.json"
+  levels=$(python3 -c "print(','.join(str(round($capacity * f, 1)) for f in (0.1, 0.5, 0.9)))")
+  sweep load_levels "$levels"
 fi
 python3 - "$out" "$rates" "$text_rates" "$config" <<'PY'
 import json, os, sys, torch
@@ -41,6 +44,8 @@ single = load("single")["result"]["latency_ms"]
 best, text_best = load("sweep")["best"], load("sweep_text")["best"]
 items = lambda point: point and point["achieved_items_per_s"]  # noqa: E731
 overload = load("overload") if os.path.exists(f"{out}/overload.json") else {}
+levels = load("load_levels")["points"] if os.path.exists(f"{out}/load_levels.json") else []
+capacity_rps = best["offered_rps"] if best else None
 summary = {
     "max_items_per_s_at_p99_500ms": items(best),
     "best_point": best,
@@ -51,6 +56,10 @@ summary = {
     "capacity_items_per_s": overload.get("capacity_items_per_s"),
     "p99_at_capacity_ms": overload.get("p99_at_capacity_ms"),
     "overload": overload.get("overload"),
+    "latency_vs_load": [{"share_of_capacity": round(p["offered_rps"] / capacity_rps, 2),
+                         "offered_rps": p["offered_rps"], "p50_ms": p["latency_ms"]["p50"],
+                         "p99_ms": p["latency_ms"]["p99"], "failed": p["failed"]}
+                        for p in levels],
     "gpu": torch.cuda.get_device_name(),
     "command": f"source .device/install.sh && CONFIG={config} bash loadtest/run_e2e_gpu.sh "
                f"{rates} {text_rates}",

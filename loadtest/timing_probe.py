@@ -4,8 +4,9 @@ Usage: python -m loadtest.timing_probe [--url http://127.0.0.1:8000] [--requests
        [--query-len 0 --items 10 --item-len 300 --vocab 151643 --labels 9454,2753 --text natural]
 
 Sends sequential requests (loadtest/workload.py, seeded) and reports p50/p99 of: the client's
-latency, the ingress's total, and its parts (parse + validation, tokenize, pack,
-worker = handle hop + queue + forward). client − ingress = HTTP proxy and the network.
+latency, the ingress's total, and its parts (parse + validation, tokenize, pack, worker; the
+worker call split by the scorer into hop = the handle call both ways, queue = the wait for the
+first batch, compute = launch to results). client − ingress = HTTP proxy and the network.
 Prints one line; writes JSON to --out.
 """
 

@@ -169,6 +169,15 @@ class ScoreJob:
     label_ids: list[int]
 
 
+@dataclass(frozen=True, slots=True)
+class ScoredJob:
+    """A scorer replica's answer to a ScoreJob, with where the job's time in the replica went."""
+
+    results: list[list[list[float]]]  # per sequence: items × label log-probs
+    queued_s: float  # from reaching the replica's queue to the launch of its first batch
+    computed_s: float  # from that launch to its last result (the batch in front included)
+
+
 def merge_results(
     sequences: list[PackedSequence], results: list[list[list[float]]], num_items: int
 ) -> list[list[float]]:

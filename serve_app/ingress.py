@@ -17,7 +17,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.model_config import ModelConfig
-from ranker_contract.packing import ScoreJob, merge_results
+from ranker_contract.packing import ScoredJob, ScoreJob, merge_results
 from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, IngressMetrics
 from serve_app.protocol import (RERANK_EXAMPLE, ApiError, ErrorResponse, RerankRequest,
                                 RerankResponse, ScoreRequest, ScoreResponse, Usage)
@@ -132,10 +132,15 @@ async def _answer(response: DeploymentResponse, scorers: ScorerWatch):
 
 
 def _server_timing(started: float, parsed: float, tokenized: float, packed: float,
-                   scored: float) -> dict[str, str]:
+                   scored: float, job: ScoredJob) -> dict[str, str]:
     # Server-Timing (a standard header) lets clients and load tests see where time went.
+    # worker = hop + queue + compute: hop is the handle call both ways (routing, serialization,
+    # the replica's event loop), queue the wait for the first batch, compute the rest.
+    worker = scored - packed
     timing = {"parse": parsed - started, "tokenize": tokenized - parsed,
-              "pack": packed - tokenized, "worker": scored - packed,
+              "pack": packed - tokenized, "worker": worker,
+              "hop": max(0.0, worker - job.queued_s - job.computed_s),
+              "queue": job.queued_s, "compute": job.computed_s,
               "ingress": time.perf_counter() - started}
     return {"Server-Timing": ", ".join(f"{name};dur={s * 1e3:.2f}" for name, s in timing.items())}
 
@@ -203,9 +208,9 @@ class ScoreIngress:
         sequences = pack(query, items, self.limits, self.max_context,  # [] for no items
                          item_first=req.item_first)
         packed = time.perf_counter()
-        results = await self._call_worker(ScoreJob(sequences, req.label_ids)) if sequences else []
+        job = await self._call_worker(ScoreJob(sequences, req.label_ids))
         scored = time.perf_counter()
-        logprobs = merge_results(sequences, results, len(items))
+        logprobs = merge_results(sequences, job.results, len(items))
         prompt_tokens = sum(s.num_tokens for s in sequences)
         response = ScoreResponse(
             scores=[to_scores(row, req.apply_softmax) for row in logprobs],
@@ -215,7 +220,7 @@ class ScoreIngress:
         if req.is_text:
             self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
         return JSONResponse(response.model_dump(), headers=_server_timing(
-            started, parsed, tokenized, packed, scored))
+            started, parsed, tokenized, packed, scored, job))
 
     async def _rerank(self, request: Request, started: float, api_version: str) -> JSONResponse:
         req = check_rerank(parse_body(await request.body(), self.limits, RerankRequest),
@@ -226,16 +231,15 @@ class ScoreIngress:
         tokenized = time.perf_counter()
         sequences = pack(prefix, items, self.limits, self.max_context, field="documents")
         packed = time.perf_counter()
-        job = ScoreJob(sequences, self.prompter.label_ids)
-        results = await self._call_worker(job) if sequences else []
+        job = await self._call_worker(ScoreJob(sequences, self.prompter.label_ids))
         scored = time.perf_counter()
-        logprobs = merge_results(sequences, results, len(items))
+        logprobs = merge_results(sequences, job.results, len(items))
         body = build_response(req, [relevance(row) for row in logprobs],
                               sum(s.num_tokens for s in sequences), truncated, api_version,
                               req.model or self.model_name)
         self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
         return JSONResponse(body, headers=_server_timing(started, parsed, tokenized, packed,
-                                                         scored))
+                                                         scored, job))
 
     async def _tokenize(self, req: ParsedRequest) -> tuple[list[int], list[list[int]]]:
         if not req.is_text:
@@ -257,8 +261,10 @@ class ScoreIngress:
             raise ApiError(503, f"no scorer replica is ready: {type(exc).__name__}") from None
         return {"status": "ok", "model": self.model_name}
 
-    async def _call_worker(self, job: ScoreJob) -> list[list[list[float]]]:
+    async def _call_worker(self, job: ScoreJob) -> ScoredJob:
         # Failures of the scorer reach the client in the same envelope as every other error.
+        if not job.sequences:  # no items: nothing to score
+            return ScoredJob([], queued_s=0.0, computed_s=0.0)
         for attempt in range(1 + REPLICA_LOST_RETRIES):
             try:
                 result = await _answer(self.worker.score.remote(job), self.scorers)

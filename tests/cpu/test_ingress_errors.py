@@ -12,10 +12,10 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ranker_contract.errors import ScorerOverloaded
 import serve_app.ingress
 from serve_app.ingress import ScoreIngress
-from ranker_contract.packing import ScoreJob, pack_plain
+from ranker_contract.packing import ScoredJob, ScoreJob, pack_plain
 from serve_app.protocol import ApiError
 
-RESULT = [[[-0.5, -1.5]]]
+RESULT = ScoredJob([[[-0.5, -1.5]]], queued_s=0.001, computed_s=0.002)
 
 
 class _ScriptedHandle:

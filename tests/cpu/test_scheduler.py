@@ -6,6 +6,7 @@ all on its first turn and composes the same batches every run.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import random
 import threading
@@ -17,7 +18,7 @@ from gpu_worker.engine import Engine, ScoreTask, Step
 from gpu_worker.scheduler import QueueDepth, Scheduler
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
-from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
+from ranker_contract.packing import PackedSequence, ScoreJob, pack_multi_item, pack_plain
 
 TIMEOUT_S = 30.0
 LABELS = [0, 5, 511]
@@ -211,3 +212,19 @@ def test_task_waiting_past_the_queue_bound_is_refused_not_computed(engine, seque
     assert spy.batches == [[id(fresh)]]
     assert scheduler.expired_dropped == 1 and scheduler.depth() == IDLE
     assert scheduler.refused_tokens == stale.num_tokens
+
+
+def test_a_jobs_sequences_reach_a_running_loop_together_and_share_one_batch(engine, sequences):
+    """run_job on a started, idle loop: the loop wakes once for the whole job, so a job that
+    fits the budget is one batch (a loop woken by its first sequence alone would launch a part).
+    The answer says how long the job waited for its launch and how long it computed."""
+    spy = SpyEngine(engine)
+    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=64))
+    scheduler.start()
+    try:
+        scored = asyncio.run(scheduler.run_job(ScoreJob(list(sequences), LABELS)))
+    finally:
+        scheduler.stop()
+    assert spy.batches == [[id(s) for s in sequences]]
+    assert [len(rows) for rows in scored.results] == [s.num_items for s in sequences]
+    assert scored.queued_s >= 0 and scored.computed_s > 0

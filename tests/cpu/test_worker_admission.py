@@ -41,7 +41,7 @@ def test_job_past_the_queued_token_limit_is_refused_without_queueing(engine):
         assert scheduler.depth().queued_tokens == 100  # exactly at the limit is accepted
         scheduler.start()
         results = await asyncio.wait_for(asyncio.gather(first, second), timeout=30)
-        assert [len(r[0]) for r in results] == [1, 1]
+        assert [len(r.results[0]) for r in results] == [1, 1]
 
     try:
         asyncio.run(scenario())
@@ -54,7 +54,7 @@ def test_job_larger_than_the_limit_gets_in_when_nothing_waits(engine):
     scheduler.start()
     try:
         result = asyncio.run(scheduler.run_job(_job(150)))
-        assert len(result) == 1
+        assert len(result.results) == 1
     finally:
         scheduler.stop()
 

@@ -14,7 +14,8 @@ text_rates=${2:-$rates}
 config=${CONFIG:-configs/score-gpu.yaml}
 out=${OUT:-docs/results}
 mkdir -p "$out"
-export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1
+export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1 \
+  RAY_SERVE_THROUGHPUT_OPTIMIZED=1
 source loadtest/gpu_service.sh
 stop_service  # a service left by an earlier run on this machine would answer in our place
 python3 scripts/make_random_model.py > /dev/null || exit 1

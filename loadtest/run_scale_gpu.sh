@@ -15,7 +15,8 @@ text_arg=${3:-}
 clients=${CLIENTS:-4}
 out=${OUT:-docs/results}
 mkdir -p "$out"
-export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1
+export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_ENABLE_HA_PROXY=1 \
+  RAY_SERVE_THROUGHPUT_OPTIMIZED=1
 export RAY_metrics_report_interval_ms=1000  # Prometheus values every second
 source loadtest/gpu_service.sh
 stop_service

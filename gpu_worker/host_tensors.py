@@ -16,4 +16,3 @@ def int64_tensor(values: list[int], pin: bool = False) -> torch.Tensor:
     host = torch.frombuffer(array.array("q", values), dtype=torch.int64) if values else (
         torch.empty(0, dtype=torch.int64))
     return host.pin_memory() if pin else host
-

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repo root (see ../shared/device/README.md):
+# On the GPU machine, from the repo root:
 #   source .device/install.sh && bash loadtest/gpu_checks.sh [tests|bench|all] [bench args...]
 # Makes the Qwen3-0.6B-shaped random model, runs tests/gpu, then the engine benchmark.
 # Logs and JSON go to $OUT (or docs/results).

@@ -19,6 +19,17 @@ WORKSPACE_BYTES = 256 << 20
 MAX_ITEM_POS = 65535  # token_pos_in_items and max_item_len are uint16 in the kernel
 
 
+def token_pos_rows(rows: list[list[int]], stride: int) -> array.array:
+    """The sequences' token positions in their items, one row per sequence, each padded with
+    zeros to `stride`: the uint16 layout the multi-item kernel reads."""
+    zeros = array.array("H", bytes(2 * stride))
+    out = array.array("H")
+    for row in rows:
+        out.extend(row)
+        out.extend(zeros[len(row):])
+    return out
+
+
 class FlashInferAttention:
     """One per engine. `plan()` once per batch, then the model calls it once per layer."""
 
@@ -71,14 +82,11 @@ class FlashInferAttention:
     def _multi_item_params(self, sequences: list[PackedSequence]) -> tuple[dict, tuple]:
         if all(s.prefix_len == s.num_tokens for s in sequences):
             return {}, ()  # only plain sequences: the causal mask is enough
-        stride = max(len(s.token_pos_in_items) for s in sequences)
-        zero_row = array.array("H", bytes(2 * stride))
-        token_pos = array.array("H")
         for s in sequences:
             if s.max_item_len > MAX_ITEM_POS:
                 raise ValueError(f"an item of {s.max_item_len} tokens exceeds {MAX_ITEM_POS}")
-            token_pos.extend(s.token_pos_in_items)
-            token_pos.extend(zero_row[len(s.token_pos_in_items):])
+        stride = max(len(s.token_pos_in_items) for s in sequences)
+        token_pos = token_pos_rows([s.token_pos_in_items for s in sequences], stride)
         # Fresh pinned tensors each batch, copied without waiting; the kernel reads them on the
         # GPU, so they stay referenced (Step.keep_alive) until the batch finished.
         host = (
@@ -137,7 +145,6 @@ class FlashInferGraphAttention(FlashInferAttention):
         self.prefix_len_gpu = torch.zeros(slots, dtype=torch.uint32, device=device)
         self.token_pos_gpu = torch.zeros(slots * tokens, dtype=torch.uint16, device=device)
         self.max_item_len_gpu = torch.zeros(slots, dtype=torch.uint16, device=device)
-        self._zero_row = array.array("H", bytes(2 * tokens))
         self._plan_copied = None
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -158,10 +165,7 @@ class FlashInferGraphAttention(FlashInferAttention):
         with_items = [s.token_pos_in_items for s in sequences]
         while with_items and not with_items[-1]:
             with_items.pop()
-        token_pos = array.array("H")
-        for pos in with_items:
-            token_pos.extend(pos)
-            token_pos.extend(self._zero_row[len(pos):])
+        token_pos = token_pos_rows(with_items, self.tokens)
         host = (torch.tensor(prefix, dtype=torch.int64).to(torch.uint32).pin_memory(),
                 torch.frombuffer(token_pos, dtype=torch.uint16).pin_memory() if token_pos
                 else None,

@@ -26,6 +26,18 @@ def run_batch(engine, sequences, labels=LABELS):
     return engine.finish(engine.launch(tasks))
 
 
+def launch_checking_no_host_sync(engine, tasks):
+    """Engine.launch with torch's sync debug mode on "error" (after a warm-up batch: the first
+    plan or JIT may allocate): a host sync on the launch path raises. Returns the Step."""
+    engine.finish(engine.launch(tasks))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return engine.launch(tasks)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def softmax(row):
     top = max(row)
     w = [math.exp(x - top) for x in row]

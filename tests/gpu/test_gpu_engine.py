@@ -10,7 +10,8 @@ import torch
 from gpu_worker.engine import Engine, ScoreTask
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
-from tests.gpu.conftest import LABELS, run_batch, scheduled, softmax
+from tests.gpu.conftest import (LABELS, launch_checking_no_host_sync, run_batch, scheduled,
+                                softmax)
 
 
 def _request(rng: random.Random, query_len=120, item_lens=(180, 1, 0, 57, 180, 3, 99, 180, 12, 30)):
@@ -86,11 +87,5 @@ def test_launch_path_has_no_host_sync(fast_engine):
     rng = random.Random(5)
     tasks = [ScoreTask(pack_multi_item(*_request(rng), 0), LABELS, lambda _: None)
              for _ in range(4)]
-    fast_engine.finish(fast_engine.launch(tasks))  # warm: first plan/JIT may allocate
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step = fast_engine.launch(tasks)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    step = launch_checking_no_host_sync(fast_engine, tasks)
     assert len(fast_engine.finish(step)) == 4

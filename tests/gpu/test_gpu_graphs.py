@@ -10,7 +10,8 @@ import torch
 from gpu_worker.engine import Engine, ScoreTask
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain, pack_request
-from tests.gpu.conftest import LABELS, run_batch, scheduled, softmax
+from tests.gpu.conftest import (LABELS, launch_checking_no_host_sync, run_batch, scheduled,
+                                softmax)
 VOCAB = 151643
 
 
@@ -101,13 +102,7 @@ def test_graph_launch_has_no_host_sync(graph_engine):
     rng = random.Random(14)
     tasks = [ScoreTask(pack_multi_item(_ids(rng, 120), [_ids(rng, 180)] * 5, 0), LABELS,
                        lambda _: None)]
-    graph_engine.finish(graph_engine.launch(tasks))
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step = graph_engine.launch(tasks)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    step = launch_checking_no_host_sync(graph_engine, tasks)
     assert len(graph_engine.finish(step)[0]) == 5
 
 

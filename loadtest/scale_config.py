@@ -4,7 +4,8 @@ Usage: python -m loadtest.scale_config MODE OUT.yaml
   fixed1 / fixed2 / fixed4: exactly 1 / 2 / 4 scorer replicas (no autoscaling) and
   max(4, 3 × scorers) ingress replicas;
   auto: the shipped config (queue-depth autoscaling 1..2), 4 ingress replicas, and a token queue
-  long enough to hold the excess of a ramp while the second replica starts (no 503s).
+  of 4M tokens; the shipped max_queue_wait_s still refuses (503) what waits longer than it while
+  the second replica starts.
 """
 
 from __future__ import annotations

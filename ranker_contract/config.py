@@ -49,8 +49,8 @@ class EngineConfig(_Settings):
     cuda_graphs: bool = Field(False, description="replay captured forwards for batches up to "
                               "the largest bucket (needs attention flashinfer, ops cuda)")
     cuda_graph_buckets: tuple[int, ...] = Field(
-        (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096), description="batch token sizes captured; larger batches run "
-        "eagerly")
+        (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096),
+        description="batch token sizes captured; larger batches run eagerly")
 
     @model_validator(mode="after")
     def _gpu_kernels_need_cuda(self) -> EngineConfig:

@@ -44,6 +44,16 @@ def softmax(row):
     return [x / sum(w) for x in w]
 
 
+def worst_difference(a, b):
+    """(max |Δ log-prob|, max |Δ softmax score|) over every item of every sequence."""
+    lp = p = 0.0
+    for s1, s2 in zip(a, b, strict=True):
+        for r1, r2 in zip(s1, s2, strict=True):
+            lp = max(lp, *(abs(x - y) for x, y in zip(r1, r2)))
+            p = max(p, *(abs(x - y) for x, y in zip(softmax(r1), softmax(r2))))
+    return lp, p
+
+
 def scheduled(engine, sequences, overlap, max_batch_tokens=4096):
     """Results of `sequences` through the scheduling loop, all queued before it starts (so the
     batches are the same in every run), in submission order."""

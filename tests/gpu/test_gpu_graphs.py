@@ -11,7 +11,7 @@ from gpu_worker.engine import Engine, ScoreTask
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain, pack_request
 from tests.gpu.conftest import (LABELS, launch_checking_no_host_sync, run_batch, scheduled,
-                                softmax)
+                                worst_difference)
 VOCAB = 151643
 
 
@@ -23,16 +23,6 @@ def graph_engine(fast_engine):
 
 def _ids(rng, n):
     return [rng.randrange(VOCAB) for _ in range(n)]
-
-
-def _worst(a, b):
-    """(max |Δ log-prob|, max |Δ softmax score|) over every item of every sequence."""
-    lp = p = 0.0
-    for s1, s2 in zip(a, b, strict=True):
-        for r1, r2 in zip(s1, s2, strict=True):
-            lp = max(lp, *(abs(x - y) for x, y in zip(r1, r2)))
-            p = max(p, *(abs(x - y) for x, y in zip(softmax(r1), softmax(r2))))
-    return lp, p
 
 
 def _batches(rng):
@@ -71,10 +61,11 @@ def test_graph_replay_equals_eager(fast_engine, graph_engine):
         for name, sequences in batches.items():
             graphs, eager = run_batch(graph_engine, sequences), run_batch(fast_engine, sequences)
             ref = run_batch(reference, sequences)
-            worst[name] = tuple(map(max, worst.get(name, (0.0, 0.0)), _worst(graphs, eager)))
+            worst[name] = tuple(map(max, worst.get(name, (0.0, 0.0)),
+                                    worst_difference(graphs, eager)))
             print(f"{name}: graphs vs eager max |Δ logprob| {worst[name][0]:.2e}, max |Δ softmax| "
                   f"{worst[name][1]:.2e}; vs the torch backend (logprob, softmax): graphs "
-                  f"{_worst(graphs, ref)}, eager {_worst(eager, ref)}")
+                  f"{worst_difference(graphs, ref)}, eager {worst_difference(eager, ref)}")
     assert all(lp <= 5e-2 and p <= 5e-3 for lp, p in worst.values()), worst
 
 
@@ -86,7 +77,7 @@ def test_padding_never_changes_a_score(graph_engine):
     others = [pack_multi_item(_ids(rng, 60), [_ids(rng, 200)] * 4, 0) for _ in range(3)]
     (scores_alone,) = run_batch(graph_engine, alone)
     scores_packed = run_batch(graph_engine, others + alone)[-1]
-    assert _worst([scores_alone], [scores_packed])[1] <= 1e-3
+    assert worst_difference([scores_alone], [scores_packed])[1] <= 1e-3
     assert all(math.isfinite(x) for row in scores_packed for x in row)
 
 
@@ -94,7 +85,7 @@ def test_batches_past_the_largest_bucket_run_eagerly(fast_engine, graph_engine):
     rng = random.Random(13)
     big = [pack_multi_item(_ids(rng, 120), [_ids(rng, 180)] * 30, 0)]  # 5,551 tokens
     assert graph_engine.graphs.pick(big, 30, 60) is None
-    lp, p = _worst(run_batch(graph_engine, big), run_batch(fast_engine, big))
+    lp, p = worst_difference(run_batch(graph_engine, big), run_batch(fast_engine, big))
     assert lp == 0.0 and p == 0.0  # the same eager kernels
 
 
@@ -115,6 +106,7 @@ def test_overlap_loop_with_graphs_equals_sync(fast_engine, graph_engine):
 
     eager = scheduled(fast_engine, sequences, False, max_batch_tokens=2048)
     for overlap in (True, False):
-        lp, p = _worst(scheduled(graph_engine, sequences, overlap, max_batch_tokens=2048), eager)
+        lp, p = worst_difference(
+            scheduled(graph_engine, sequences, overlap, max_batch_tokens=2048), eager)
         print(f"overlap={overlap}: graph engine vs eager max |Δ logprob| {lp:.2e}, softmax {p:.2e}")
         assert lp <= 5e-2 and p <= 5e-3

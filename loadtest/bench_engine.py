@@ -54,10 +54,10 @@ class StepTimer:
         self.engine = engine
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
-    def launch(self, tasks: list[ScoreTask]) -> Step:
+    def launch(self, tasks: list[ScoreTask], *, overlapped: bool = False) -> Step:
         started, done = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         started.record()
-        step = self.engine.launch(tasks)
+        step = self.engine.launch(tasks, overlapped=overlapped)
         done.record()  # after everything launch() queued, like the step's own `done`
         self.events.append((started, done))
         return step

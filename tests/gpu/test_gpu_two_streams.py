@@ -25,11 +25,12 @@ def _ids(rng, n):
 
 
 def _mixed_batch(rng):
-    """Multi-item requests of varied shapes and plain sequences, ~15k tokens in all."""
+    """Multi-item requests of varied shapes (empty items included) and plain sequences, ~15k
+    tokens in all."""
     sequences = []
     for k in range(8):
         lens = [rng.choice((1, 0, 40, 180, 300)) for _ in range(rng.randrange(1, 12))]
-        sequences.append(pack_multi_item(_ids(rng, rng.choice((0, 20, 120))),
+        sequences.append(pack_multi_item(_ids(rng, rng.choice((20, 120))),
                                          [_ids(rng, n) for n in lens], 0))
         sequences.append(pack_plain(_ids(rng, 50 + 97 * k), 0))
     return sequences + [pack_multi_item(_ids(rng, 120), [_ids(rng, 180)] * 40, 0)]

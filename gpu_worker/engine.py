@@ -31,9 +31,6 @@ logger = logging.getLogger(__name__)
 # Share of free GPU memory (after weights) that batch activations may use.
 MEMORY_FRACTION = 0.8
 PROBE_TOKENS = 8192  # about one bench-sized batch slice; activations scale linearly
-# Smaller eager batches stay whole with two_streams: two halves of fewer tokens would each be
-# bound by their launches, not by the GPU.
-MIN_SPLIT_TOKENS = 8192
 
 # Receives a task's result (items × labels log-probs) or the exception that failed it.
 DoneCallback = Callable[[list[list[float]] | BaseException], None]
@@ -81,11 +78,6 @@ class Engine:
             self.attention = FlashInferAttention(mcfg, device, cfg.flashinfer_backend)
         else:
             self.attention = TorchAttention(device)
-        # two_streams: each half of a batch has its own stream and attention plan (a backend's
-        # buffers are used on one stream only).
-        self.halves = tuple(
-            (FlashInferAttention(mcfg, device, cfg.flashinfer_backend), torch.cuda.Stream(device))
-            for _ in range(2)) if cfg.two_streams else None
         # Captured before the batch budget is measured, so their memory is counted there.
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graph_buckets),
                                   cfg.flashinfer_backend, device) if cfg.cuda_graphs else None)
@@ -136,66 +128,27 @@ class Engine:
         """Queue the batch's forward. `overlapped`: another batch is still running on the device,
         so these ~300 eager launches hide behind it; a CUDA graph pays only when they would not
         (its fixed tiles and padding cost more GPU time than the eager kernels)."""
-        if not overlapped and self.graphs:
-            sequences = [t.sequence for t in tasks]
-            input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(tasks)
-            graph = self.graphs.pick(sequences, len(score_rows), len(label_ids))
-            if graph:
-                out, keep = self.graphs.launch(graph, sequences, input_ids, positions,
-                                               score_rows, label_rows, label_ids)
-                return self._read_back(tasks, out, keep)
-        halves = self._split(tasks)
-        if halves:
-            return self._launch_halves(tasks, halves)
+        sequences = [t.sequence for t in tasks]
+        input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(tasks)
+        graph = (not overlapped and self.graphs
+                 and self.graphs.pick(sequences, len(score_rows), len(label_ids)))
+        if graph:
+            out, keep = self.graphs.launch(graph, sequences, input_ids, positions, score_rows,
+                                           label_rows, label_ids)
+            return self._read_back(tasks, out, keep)
         on_cuda = self.device.type == "cuda"
-        out, keep = self._forward(tasks, self.attention, pin=on_cuda)
-        if not on_cuda:
-            return Step(tasks, keep, out, None)
-        return self._read_back(tasks, out, keep)
-
-    def _forward(self, tasks: list[ScoreTask], attention: AttentionBackend,
-                 pin: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Queue the eager forward of `tasks` on the current stream: [N] label log-probs and
-        the tensors to keep alive until it ran."""
         host = [  # [T], [T], [R], [N], [N]
-            int64_tensor(x, pin=pin) for x in _host_metadata(tasks)
+            int64_tensor(x, pin=on_cuda)
+            for x in (input_ids, positions, score_rows, label_rows, label_ids)
         ]
         dev = [h.to(self.device, non_blocking=True) for h in host]
-        plan_tensors = attention.plan([t.sequence for t in tasks], self.dtype)
+        plan_tensors = self.attention.plan(sequences, self.dtype)
         with torch.inference_mode():
-            hidden = self.model.model(dev[0], dev[1], dev[2], self.ops, attention)
+            hidden = self.model.model(dev[0], dev[1], dev[2], self.ops, self.attention)
             out = self.model.label_logprobs(hidden, dev[3], dev[4])
-        return out, (*host, *dev, *plan_tensors)
-
-    def _split(self, tasks: list[ScoreTask]) -> tuple[list[ScoreTask], list[ScoreTask]] | None:
-        """With two_streams, a large batch as two runs of tasks of about equal tokens."""
-        if self.halves is None or len(tasks) < 2:
-            return None
-        total = sum(t.num_tokens for t in tasks)
-        if total < MIN_SPLIT_TOKENS:
-            return None
-        at, tokens = 0, 0
-        while at < len(tasks) - 1 and 2 * (tokens + tasks[at].num_tokens) <= total:
-            tokens += tasks[at].num_tokens
-            at += 1
-        at = max(at, 1)
-        return tasks[:at], tasks[at:]
-
-    def _launch_halves(self, tasks: list[ScoreTask],
-                       halves: tuple[list[ScoreTask], list[ScoreTask]]) -> Step:
-        """Each half on its own stream, so the GPU runs one half's memory-bound kernels beside
-        the other half's GEMMs; their log-probs are joined on the current stream. Everything a
-        half uses is allocated on its stream (host copies included), so the halves wait for
-        nothing before them but their own stream's previous batch."""
-        main = torch.cuda.current_stream(self.device)
-        outs, keep = [], []
-        for part, (attention, stream) in zip(halves, self.halves):
-            with torch.cuda.stream(stream):
-                out, part_keep = self._forward(part, attention, pin=True)
-            outs.append(out)
-            keep.extend((*part_keep, out))
-            main.wait_stream(stream)
-        return self._read_back(tasks, torch.cat(outs), tuple(keep))
+        if not on_cuda:
+            return Step(tasks, (*host, *plan_tensors), out, None)
+        return self._read_back(tasks, out, (*host, *dev, *plan_tensors))
 
     @staticmethod
     def _read_back(tasks: list[ScoreTask], out: torch.Tensor,

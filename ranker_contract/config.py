@@ -51,9 +51,6 @@ class EngineConfig(_Settings):
     cuda_graph_buckets: tuple[int, ...] = Field(
         (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096),
         description="batch token sizes captured; larger batches run eagerly")
-    two_streams: bool = Field(False, description="run the two halves of a large eager batch on "
-                              "two CUDA streams (one half's memory-bound kernels beside the "
-                              "other's GEMMs; needs attention flashinfer)")
 
     @model_validator(mode="after")
     def _gpu_kernels_need_cuda(self) -> EngineConfig:
@@ -62,8 +59,6 @@ class EngineConfig(_Settings):
                 raise ValueError(f"{name} {gpu_only!r} needs device 'cuda'")
         if self.cuda_graphs and (self.attention, self.ops) != ("flashinfer", "cuda"):
             raise ValueError("cuda_graphs needs attention 'flashinfer' and ops 'cuda'")
-        if self.two_streams and self.attention != "flashinfer":
-            raise ValueError("two_streams needs attention 'flashinfer'")
         if any(b <= 0 for b in self.cuda_graph_buckets):
             raise ValueError("cuda_graph_buckets must be positive token counts")
         return self

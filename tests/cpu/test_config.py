@@ -57,8 +57,6 @@ def test_builder_args_reject_unknown_keys_and_bad_limits():
                   scheduler=SchedulerConfig(max_batch_tokens=8192))
     with pytest.raises(ValidationError, match="needs device 'cuda'"):
         EngineConfig(ops="cuda")
-    with pytest.raises(ValidationError, match="two_streams needs attention 'flashinfer'"):
-        EngineConfig(device="cuda", two_streams=True)
     with pytest.raises(ValidationError, match="needs engine.device 'cuda'"):
         AppConfig(scheduler=SchedulerConfig(max_batch_tokens=0))
     with pytest.raises(ValidationError):  # frozen: settings never change after start

@@ -1,4 +1,5 @@
-"""The ingress's tokenizer gives the ids transformers gives for the same tokenizer files."""
+"""The ingress's tokenizer: the ids transformers gives for the same tokenizer files, and other
+threads of the replica keep running while it tokenizes."""
 
 from __future__ import annotations
 

@@ -166,14 +166,13 @@ class FlashInferGraphAttention(FlashInferAttention):
         while with_items and not with_items[-1]:
             with_items.pop()
         token_pos = token_pos_rows(with_items, self.tokens)
-        host = (torch.tensor(prefix, dtype=torch.int64).to(torch.uint32).pin_memory(),
-                torch.frombuffer(token_pos, dtype=torch.uint16).pin_memory() if token_pos
-                else None,
-                torch.tensor(max_item, dtype=torch.int32).to(torch.uint16).pin_memory())
+        host = [torch.tensor(prefix, dtype=torch.int64).to(torch.uint32).pin_memory(),
+                torch.tensor(max_item, dtype=torch.int32).to(torch.uint16).pin_memory()]
         self.prefix_len_gpu.copy_(host[0], non_blocking=True)
-        if host[1] is not None:
-            self.token_pos_gpu[: host[1].numel()].copy_(host[1], non_blocking=True)
-        self.max_item_len_gpu.copy_(host[2], non_blocking=True)
+        self.max_item_len_gpu.copy_(host[1], non_blocking=True)
+        if token_pos:  # none when every sequence is plain
+            host.append(torch.frombuffer(token_pos, dtype=torch.uint16).pin_memory())
+            self.token_pos_gpu[: len(token_pos)].copy_(host[2], non_blocking=True)
         self._wait_for_previous_plan()
         self.wrapper.plan(
             qo_indptr_cpu, qo_indptr_cpu, self.page_ids_gpu, last_page_len_cpu,
@@ -186,4 +185,4 @@ class FlashInferGraphAttention(FlashInferAttention):
             disable_split_kv=True,
         )
         self._plan_issued()
-        return tuple(h for h in host if h is not None)
+        return tuple(host)

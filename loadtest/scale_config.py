@@ -22,7 +22,6 @@ def variant(mode: str) -> dict:
     config = shipped_yaml("score-gpu.yaml")
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
     ingress = deployments["ScoreIngress"]
-    ingress.pop("autoscaling_config", None)  # the shipped ingress has a fixed count
     ingress["num_replicas"] = 4  # the front door must not be what limits the GPUs
     if mode in ("fixed1", "fixed2", "fixed4"):
         scorers = int(mode[-1])

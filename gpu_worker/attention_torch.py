@@ -1,10 +1,9 @@
 """`torch` attention backend: SDPA per sequence with an explicit mask from the packing metadata.
 
 Used on CPU, in CI, and as the reference for the GPU backend. The mask is the multi-item rule
-(docs/ARCHITECTURE.md, "The packing contract"), built from prefix_len and token_pos_in_items
-only, never from token values:
-a row p < prefix_len is causal; a row p >= prefix_len with item position t sees the prefix and
-the t most recent tokens (its own item so far).
+(docs/ARCHITECTURE.md, "The packing contract"), built from prefix_len and block_ends only, never
+from token values: block 0 is causal; a row of a later block sees the query rows
+[0, prefix_len) and the rows of its own block up to itself.
 """
 
 from __future__ import annotations
@@ -16,17 +15,14 @@ from ranker_contract.packing import PackedSequence
 
 
 def multi_item_mask(seq: PackedSequence) -> torch.Tensor:
-    """[L, L] bool, True = attend.
-
-    NOTE: delimiter rows (t = 0) also see themselves here, so no row is fully masked (SDPA
-    would return NaN for it). Nothing reads or attends to delimiter rows, so scores are unchanged.
-    """
-    n, p = seq.num_tokens, seq.prefix_len
+    """[L, L] bool, True = attend. Every row sees at least itself (SDPA gives NaN otherwise)."""
+    n = seq.num_tokens
     rows = torch.arange(n)[:, None]  # [L, 1]
     cols = torch.arange(n)[None, :]  # [1, L]
-    item_pos = torch.tensor(seq.token_pos_in_items, dtype=torch.int64).clamp(min=1)
-    window_start = torch.cat([torch.zeros(p, dtype=torch.int64), torch.arange(p, n) - item_pos + 1])
-    return (cols <= rows) & ((cols < p) | (cols >= window_start[:, None]))
+    block = torch.bucketize(torch.arange(n), torch.tensor(seq.block_ends), right=True)  # [L]
+    same_block = block[:, None] == block[None, :]
+    sees_query = (block[:, None] > 0) & (cols < seq.prefix_len)
+    return (cols <= rows) & (same_block | sees_query)
 
 
 class TorchAttention:
@@ -43,7 +39,7 @@ class TorchAttention:
         for seq in sequences:
             self.bounds.append((start, start + seq.num_tokens))
             start += seq.num_tokens
-            plain = seq.prefix_len == seq.num_tokens
+            plain = len(seq.block_ends) == 1
             self.masks.append(None if plain else multi_item_mask(seq).to(self.device))
         return tuple(m for m in self.masks if m is not None)
 

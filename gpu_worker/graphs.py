@@ -3,7 +3,7 @@ small batches, where ~300 eager launches cost more host time than the GPU work i
 
 One graph per (token bucket, score-row bucket), captured at start-up, largest first, into one
 shared memory pool. A batch is padded up to the smallest bucket that holds it: padding tokens go
-into a sequence of their own (gpu_worker/attention_flashinfer.py::FlashInferGraphAttention),
+into an attention request of their own (gpu_worker/attention_flashinfer.py::FlashInferGraphAttention),
 padding score rows and label entries point at row 0 / token 0, and only the first N outputs are
 read back. Delimiter positions come from the ingress, never from token values, so padding cannot
 create false item boundaries. Larger batches run eagerly (docs/ARCHITECTURE.md, "CUDA graphs").
@@ -17,15 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_worker.attention_flashinfer import (MAX_ITEM_POS, WORKSPACE_BYTES,
-                                             FlashInferGraphAttention)
+from gpu_worker.attention_flashinfer import WORKSPACE_BYTES, FlashInferGraphAttention
 from gpu_worker.host_tensors import int64_tensor
 from gpu_worker.model import CausalLMForScoring, Ops
 from ranker_contract.packing import PackedSequence
 
 logger = logging.getLogger(__name__)
 
-MAX_SEQUENCES = 64  # packed sequences per captured batch (a request without a query: 1 per item)
 ROW_BUCKETS = (16, 64, 256)  # score rows (items) per captured batch
 LABELS_PER_ROW = 4  # label entries per score row a captured batch has room for
 
@@ -51,16 +49,15 @@ class CudaGraphs:
         pool = torch.cuda.graph_pool_handle()
         self.graphs: list[_Graph] = []
         for tokens in sorted(token_buckets, reverse=True):  # largest first: the pool is reused
-            # Every sequence has a score row, so a batch has no more sequences than rows: a small
-            # row bucket gets few sequence slots, and planning it (per slot) is cheap.
-            attention_by_slots: dict[int, FlashInferGraphAttention] = {}
             for rows in sorted((r for r in ROW_BUCKETS if r <= tokens), reverse=True):
-                slots = min(rows, MAX_SEQUENCES)
-                if slots not in attention_by_slots:
-                    attention_by_slots[slots] = FlashInferGraphAttention(
-                        model.config, device, backend, tokens, slots, workspace)
-                self.graphs.append(_capture(model, ops, attention_by_slots[slots], tokens, rows,
-                                            pool, device))
+                # Every sequence has a score row per item and one attention block more than it
+                # has items, so `rows` items make at most 2 * rows blocks; the query rows each
+                # block after the first reads are at most `tokens`, for at most `rows` blocks.
+                attention = FlashInferGraphAttention(model.config, device, backend, tokens,
+                                                     max_requests=2 * rows,
+                                                     kv_capacity=tokens * (rows + 1),
+                                                     workspace_gpu=workspace)
+                self.graphs.append(_capture(model, ops, attention, tokens, rows, pool, device))
         self.graphs.sort(key=lambda g: (g.tokens, g.rows))
         torch.cuda.synchronize()
         used = free_before - torch.cuda.mem_get_info()[0]
@@ -70,12 +67,9 @@ class CudaGraphs:
 
     def pick(self, sequences: list[PackedSequence], rows: int, labels: int) -> _Graph | None:
         """The smallest captured graph that holds the batch, or None (run it eagerly)."""
-        if any(s.max_item_len > MAX_ITEM_POS for s in sequences):
-            return None
         tokens = sum(s.num_tokens for s in sequences)
-        for g in self.graphs:
-            if (tokens <= g.tokens and rows <= g.rows and labels <= g.labels
-                    and len(sequences) <= g.attention.max_sequences):
+        for g in self.graphs:  # its attention buffers hold any batch of g.tokens and g.rows
+            if tokens <= g.tokens and rows <= g.rows and labels <= g.labels:
                 return g
         return None
 

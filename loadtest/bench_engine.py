@@ -125,7 +125,8 @@ def matmul_rate(cfg, tokens):
 
 
 def attention_seconds(engine, sequences):
-    """FlashInfer multi-item attention for one layer over `sequences`, median seconds."""
+    """The engine's attention (FlashInfer, shipped settings) for one layer over `sequences`, median
+    seconds."""
     cfg = engine.model.config
     attn = engine.attention  # FlashInfer under the shipped engine settings
     keep = attn.plan(sequences, torch.bfloat16)  # noqa: F841 - alive while timing
@@ -233,7 +234,7 @@ def main():
     for name, ips, batches, idle in table:
         print(f"{name:28s} {ips:9.0f} {batches:8d} {'' if idle is None else f'{idle:8.1%}':>9s}")
     print(f"HF transformers (bf16, 1 seq/item): {hf and round(hf)} items/s; matmul {rate:.0f} "
-          f"TFLOP/s; MIS attention {attn_s * 1e3:.2f} ms/layer for {len(batch)} requests; "
+          f"TFLOP/s; attention {attn_s * 1e3:.2f} ms/layer for {len(batch)} requests; "
           f"ceiling {ceiling:.0f} items/s")
     print(f"bench_engine: engine {engine_rate:.0f} items/s = {engine_rate / ceiling:.0%} of ceiling"
           + (f", {engine_rate / hf:.2f}x HF" if hf else "") + f" on {out['gpu']}")

@@ -5,12 +5,16 @@ One request (query tokens Q of length P, items I_1..I_n) becomes one or more seq
 computed here from item lengths, in pure Python, so the worker never scans tokens:
 
 - positions: query 0..P-1; token j (1-based) of every item at P+j-1; delimiters at P-1.
-- token_pos_in_items: for every token from the first D on, 0 at each D and 1..len(I_k) inside I_k.
+- block_ends: the rows split into attention blocks; block 0 is `Q D` (rows [0, P+1)), block k is
+  I_k and the D after it. Block 0 attends causally within itself; every later block attends to
+  the query (rows [0, prefix_len)) and causally within itself, so a row of I_k sees Q and I_k so
+  far and never a delimiter or another item.
 - score_rows: the last token of each item (index of the D after it, minus 1). An empty item scores
   at the last query token (P-1): the state after the query alone, which is what scoring Q + [] alone
   gives. (Its opening D would not do: a delimiter row has its own embedding.)
 - A plain causal sequence (item_first, an empty query, or an item too long to share a sequence)
-  has prefix_len = its length, no token_pos_in_items and one score row: its last token.
+  has prefix_len = its length, one block (block_ends = [its length]) and one score row: its last
+  token.
 
 A sequence that would exceed `max_seq_tokens` is split at item boundaries; `item_offset` says
 where its items sit in the request so results are merged back in order.
@@ -25,9 +29,8 @@ from dataclasses import dataclass
 class PackedSequence:
     input_ids: list[int]
     positions: list[int]
-    prefix_len: int  # rows [0, prefix_len) attend causally; the rest follow token_pos_in_items
-    token_pos_in_items: list[int]  # len == len(input_ids) - prefix_len
-    max_item_len: int
+    prefix_len: int  # the query's rows: every block after the first attends to them
+    block_ends: list[int]  # end row (exclusive) of each attention block; the last is num_tokens
     score_rows: list[int]  # one per item, in item order
     item_offset: int  # index in the request of this sequence's first item
 
@@ -57,8 +60,7 @@ def pack_plain(tokens: list[int], item_index: int) -> PackedSequence:
         input_ids=list(tokens),
         positions=list(range(n)),
         prefix_len=n,
-        token_pos_in_items=[],
-        max_item_len=0,
+        block_ends=[n],
         score_rows=[n - 1],
         item_offset=item_index,
     )
@@ -74,28 +76,25 @@ def pack_multi_item(
     p = len(query)
     input_ids = list(query)
     positions = list(range(p))
-    token_pos: list[int] = []
     score_rows: list[int] = []
     delimiter_pos = max(p - 1, 0)  # unused by attention; any in-range position will do
+    input_ids.append(delimiter_id)
+    positions.append(delimiter_pos)
+    block_ends = [p + 1]
     for k, item in enumerate(items):
         if not item and p == 0:
             raise PackingError("query and item are both empty: nothing to score", item_offset + k)
-        input_ids.append(delimiter_id)
-        positions.append(delimiter_pos)
-        token_pos.append(0)
         input_ids.extend(item)
         positions.extend(range(p, p + len(item)))
-        token_pos.extend(range(1, len(item) + 1))
         score_rows.append(len(input_ids) - 1 if item else p - 1)
-    input_ids.append(delimiter_id)
-    positions.append(delimiter_pos)
-    token_pos.append(0)
+        input_ids.append(delimiter_id)
+        positions.append(delimiter_pos)
+        block_ends.append(len(input_ids))
     return PackedSequence(
         input_ids=input_ids,
         positions=positions,
         prefix_len=p,
-        token_pos_in_items=token_pos,
-        max_item_len=max((len(item) for item in items), default=0),
+        block_ends=block_ends,
         score_rows=score_rows,
         item_offset=item_offset,
     )

@@ -1,14 +1,73 @@
-"""The multi-item kernel's token-position rows, built on the host (gpu_worker/attention_flashinfer.py)."""
+"""What each row may attend to, as both attention backends build it from the packing metadata:
+the FlashInfer request layout (gpu_worker/attention_flashinfer.py::paged_layout, built on the
+host and checked here without a GPU) and the torch backend's mask."""
 
-from gpu_worker.attention_flashinfer import token_pos_rows
+import random
+
+from gpu_worker.attention_flashinfer import paged_layout
+from gpu_worker.attention_torch import multi_item_mask
+from ranker_contract.packing import pack_multi_item, pack_plain
+
+D = 0
 
 
-def test_rows_are_padded_with_zeros_to_the_stride_one_after_another():
-    rows = token_pos_rows([[1, 2], [], [3]], stride=3)
-    assert rows.typecode == "H"  # uint16, as the kernel reads them
-    assert list(rows) == [1, 2, 0, 0, 0, 0, 3, 0, 0]
+def test_layout_of_a_multi_item_sequence_and_a_plain_one_written_out():
+    # rows 0-2 query, 3 D, 4-5 item a, 6 D, 7 item b, 8 D; then a plain sequence at rows 9-10
+    sequences = [pack_multi_item([11, 12, 13], [[21, 22], [31]], D), pack_plain([1, 2], 0)]
+    qo_indptr, kv_indptr, kv_indices = paged_layout(sequences)
+    assert qo_indptr == [0, 4, 7, 9, 11]  # [Q D] [a D] [b D] [plain]
+    assert kv_indptr == [0, 4, 10, 15, 17]
+    assert list(kv_indices) == [0, 1, 2, 3,  # Q D: causal over itself
+                                0, 1, 2, 4, 5, 6,  # a D: the query, then itself
+                                0, 1, 2, 7, 8,  # b D
+                                9, 10]  # plain: itself
 
 
-def test_a_full_row_gets_no_padding_and_no_rows_give_nothing():
-    assert list(token_pos_rows([[5, 6, 7]], stride=3)) == [5, 6, 7]
-    assert list(token_pos_rows([], stride=4)) == []
+def visible_by_layout(qo_indptr, kv_indptr, kv_indices, total):
+    """Row -> the rows it attends to: a request's row j sees its K/V list up to the entry aligned
+    with it from the end (the kernel's causal mask when there are more keys than queries)."""
+    seen = {}
+    for r in range(len(qo_indptr) - 1):
+        qo_len = qo_indptr[r + 1] - qo_indptr[r]
+        keys = list(kv_indices[kv_indptr[r]:kv_indptr[r + 1]])
+        for j in range(qo_len):
+            seen[qo_indptr[r] + j] = set(keys[: len(keys) - qo_len + j + 1])
+    assert sorted(seen) == list(range(total))  # every row belongs to exactly one request
+    return seen
+
+
+def random_sequences(rng):
+    sequences = []
+    for _ in range(rng.randint(1, 4)):
+        query = [1] * rng.randint(1, 6)
+        if rng.random() < 0.3:
+            sequences.append(pack_plain(query, 0))
+        else:
+            items = [[2] * rng.randint(0, 5) for _ in range(rng.randint(1, 5))]
+            sequences.append(pack_multi_item(query, items, D))
+    return sequences
+
+
+def test_every_item_row_sees_the_query_and_its_own_item_so_far_in_both_backends():
+    rng = random.Random(0)
+    for _ in range(200):
+        sequences = random_sequences(rng)
+        total = sum(s.num_tokens for s in sequences)
+        by_layout = visible_by_layout(*paged_layout(sequences), total)
+        offset = 0
+        for seq in sequences:
+            mask = multi_item_mask(seq)
+            for row in range(seq.num_tokens):
+                from_mask = {offset + c for c in range(seq.num_tokens) if mask[row, c]}
+                assert by_layout[offset + row] == from_mask, (seq, row)
+            # The contract itself: item k's rows see the query and I_k up to themselves.
+            ends = seq.block_ends
+            for block in range(1, len(ends)):
+                item_rows = range(ends[block - 1], ends[block] - 1)  # without the closing D
+                for row in item_rows:
+                    expected = set(range(seq.prefix_len)) | set(range(item_rows.start, row + 1))
+                    assert by_layout[offset + row] == {offset + r for r in expected}
+            if len(ends) == 1:  # plain: causal
+                for row in range(seq.num_tokens):
+                    assert by_layout[offset + row] == set(range(offset, offset + row + 1))
+            offset += seq.num_tokens

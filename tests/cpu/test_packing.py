@@ -20,8 +20,7 @@ def test_many_items():
     assert seq.input_ids == [11, 12, 13, D, 21, 22, D, 31, D, 41, 42, 43, D]
     assert seq.positions == [0, 1, 2, 2, 3, 4, 2, 3, 2, 3, 4, 5, 2]
     assert seq.prefix_len == 3
-    assert seq.token_pos_in_items == [0, 1, 2, 0, 1, 0, 1, 2, 3, 0]
-    assert seq.max_item_len == 3
+    assert seq.block_ends == [4, 7, 9, 13]  # [q1 q2 q3 D] [a1 a2 D] [b1 D] [c1 c2 c3 D]
     assert seq.score_rows == [5, 7, 11]
     assert seq.num_tokens == multi_item_length(3, [2, 1, 3]) == 13
 
@@ -30,16 +29,15 @@ def test_one_item():
     seq = pack_multi_item([5, 6], [[7, 8, 9]], D)
     assert seq.input_ids == [5, 6, D, 7, 8, 9, D]
     assert seq.positions == [0, 1, 1, 2, 3, 4, 1]
-    assert seq.token_pos_in_items == [0, 1, 2, 3, 0]
+    assert seq.block_ends == [3, 7]
     assert seq.score_rows == [5]
 
 
 def test_empty_item_scores_at_last_query_token():
     seq = pack_multi_item([5, 6], [[7], [], [8]], D)
     assert seq.input_ids == [5, 6, D, 7, D, D, 8, D]
-    assert seq.token_pos_in_items == [0, 1, 0, 0, 1, 0]
+    assert seq.block_ends == [3, 5, 6, 8]  # the empty item's block is its closing D alone
     assert seq.score_rows == [3, 1, 6]  # the empty item reads row 1 (last query token)
-    assert seq.max_item_len == 1
 
 
 def test_empty_query():
@@ -47,7 +45,7 @@ def test_empty_query():
     assert seq.input_ids == [D, 7, 8, D, 9, D]
     assert seq.positions == [0, 0, 1, 0, 0, 0]  # item tokens start at position 0
     assert seq.prefix_len == 0
-    assert seq.token_pos_in_items == [0, 1, 2, 0, 1, 0]
+    assert seq.block_ends == [1, 4, 6]
     assert seq.score_rows == [2, 4]
 
 
@@ -59,7 +57,7 @@ def test_empty_query_and_empty_item_is_rejected():
 
 def test_plain_sequence():
     seq = pack_plain([1, 2, 3], item_index=2)
-    assert seq.prefix_len == 3 and seq.token_pos_in_items == [] and seq.score_rows == [2]
+    assert seq.prefix_len == 3 and seq.block_ends == [3] and seq.score_rows == [2]
     assert seq.positions == [0, 1, 2] and seq.item_offset == 2
 
 

@@ -41,6 +41,8 @@ def _batches(rng):
         "two requests": request(64, [100] * 5) + request(10, [40, 3, 200]),
         "exactly a bucket": [pack_plain(_ids(rng, 1024), 0)],
         "plain and multi-item": [pack_plain(_ids(rng, 77), 0)] + request(50, [60, 60]),
+        # 250 items each reading a 1,000-token query: the most page indices per token
+        "long query, 250 one-token items": request(1000, [1] * 250),
     }
 
 

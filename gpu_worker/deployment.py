@@ -37,7 +37,8 @@ class ScoreWorker:
             engine, config.scheduler.model_copy(update={"max_batch_tokens": budget}))
         self.scheduler.start()
         self.metrics = WorkerMetrics(self.scheduler)
-        self._refused_seen = (0, time.monotonic())  # refused tokens at the last stats report
+        # refused tokens and busy seconds at the last stats report, and when it was
+        self._last_report = (0, 0.0, time.monotonic())
         logger.info("ScoreWorker ready: %s", config)
 
     async def score(self, job: ScoreJob) -> ScoredJob | ScorerOverloaded:
@@ -51,17 +52,20 @@ class ScoreWorker:
             return refusal
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        # Read by the queue-depth autoscaling policy (ranker_app/autoscaling_policy.py).
+        # Read by the autoscaling policy (ranker_app/autoscaling_policy.py).
         depth = self.scheduler.depth()
-        refused, now = self.scheduler.refused_tokens, time.monotonic()
-        seen, since = self._refused_seen
-        self._refused_seen = (refused, now)
+        refused, busy = self.scheduler.refused_tokens, self.scheduler.busy_seconds()
+        now = time.monotonic()
+        refused_before, busy_before, since = self._last_report
+        self._last_report = (refused, busy, now)
+        elapsed = max(now - since, 1e-3)
         return {
             "queued_tokens": depth.queued_tokens,
             "inflight_tokens": depth.inflight_tokens,
             "queued_sequences": depth.queued_sequences,
             "inflight_sequences": depth.inflight_sequences,
-            "refused_tokens_per_s": (refused - seen) / max(now - since, 1e-3),
+            "refused_tokens_per_s": (refused - refused_before) / elapsed,
+            "busy_share": min(1.0, (busy - busy_before) / elapsed),
         }
 
     def ping(self) -> bool:

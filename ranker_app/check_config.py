@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from ranker_app.autoscaling_policy import QueueDepthPolicy
+from ranker_app.autoscaling_policy import ScorerLoadPolicy
 from ranker_contract.config import AppConfig
 
 
@@ -23,13 +23,13 @@ class _Strict(BaseModel):
 
 
 class Policy(_Strict):
-    policy_function: Literal["ranker_app.autoscaling_policy:QueueDepthPolicy"]
+    policy_function: Literal["ranker_app.autoscaling_policy:ScorerLoadPolicy"]
     policy_kwargs: dict = {}
 
     @model_validator(mode="after")
     def _kwargs_fit(self) -> "Policy":
         try:  # a wrong or missing kwarg fails here, not on the controller later
-            QueueDepthPolicy(**self.policy_kwargs)
+            ScorerLoadPolicy(**self.policy_kwargs)
         except TypeError as exc:
             raise ValueError(f"policy_kwargs: {exc}") from None
         return self

@@ -1,18 +1,18 @@
-"""The queue-depth policy as a pure function of Serve's AutoscalingContext."""
+"""The scorer load policy as a pure function of Serve's AutoscalingContext."""
 
 import pytest
 from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.config import AutoscalingContext
 
-from ranker_app.autoscaling_policy import QueueDepthPolicy
+from ranker_app.autoscaling_policy import ScorerLoadPolicy
 
 DEPLOYMENT = DeploymentID(name="ScoreWorker", app_name="score")
 
 
 def _context(queued: list[float] | None, inflight: list[float] | None, target: int = 2,
-             refused: list[float] | None = None):
+             refused: list[float] | None = None, busy: list[float] | None = None):
     """Context for `target` replicas whose reported averages are `queued` / `inflight` (and
-    `refused` tokens per second, when given)."""
+    `refused` tokens per second and `busy` shares, when given)."""
     replicas = [ReplicaID(f"r{i}", DEPLOYMENT) for i in range(target)]
     metrics = None
     if queued is not None:
@@ -20,6 +20,8 @@ def _context(queued: list[float] | None, inflight: list[float] | None, target: i
                    "inflight_tokens": dict(zip(replicas, inflight))}
     if refused is not None:
         metrics["refused_tokens_per_s"] = dict(zip(replicas, refused))
+    if busy is not None:
+        metrics["busy_share"] = dict(zip(replicas, busy))
     return AutoscalingContext(
         deployment_id=DEPLOYMENT, deployment_name="ScoreWorker", app_name="score",
         current_num_replicas=target, target_num_replicas=target, running_replicas=replicas,
@@ -30,38 +32,62 @@ def _context(queued: list[float] | None, inflight: list[float] | None, target: i
 
 
 def test_desired_replicas_cover_all_tokens_at_the_target_per_replica():
-    policy = QueueDepthPolicy(target_tokens_per_replica=10_000)
+    policy = ScorerLoadPolicy(target_tokens_per_replica=10_000)
     # 2 replicas: 30k + 5k queued, 8k + 8k running = 51k tokens → 6 replicas of 10k.
     desired, state = policy(_context([30_000, 5_000], [8_000, 8_000]))
-    assert desired == 6 and state == {"tokens": 51_000, "refused_tokens": 0}
+    assert desired == 6 and state == {"tokens": 51_000, "refused_tokens": 0, "busy_share": 0}
 
 
 def test_refused_demand_still_asks_for_replicas():
     """A replica that sheds its excess holds a short queue; the tokens it refused per second
     count as queued, so the excess still adds replicas."""
-    policy = QueueDepthPolicy(target_tokens_per_replica=10_000)
+    policy = ScorerLoadPolicy(target_tokens_per_replica=10_000)
     assert policy(_context([2_000], [8_000], target=1))[0] == 1  # full, nothing refused
     desired, state = policy(_context([2_000], [8_000], target=1, refused=[15_000]))
     assert desired == 3 and state["refused_tokens"] == 15_000
 
 
 def test_exactly_at_target_keeps_the_count_and_idle_asks_for_none():
-    policy = QueueDepthPolicy(target_tokens_per_replica=10_000)
+    policy = ScorerLoadPolicy(target_tokens_per_replica=10_000)
     assert policy(_context([6_000, 4_000], [5_000, 5_000]))[0] == 2
     # Zero is what the work asks for; Serve's min_replicas bound is applied after the policy.
     assert policy(_context([0, 0], [0, 0]))[0] == 0
 
 
 def test_one_token_over_the_target_adds_a_replica():
-    policy = QueueDepthPolicy(target_tokens_per_replica=10_000)
+    policy = ScorerLoadPolicy(target_tokens_per_replica=10_000)
     assert policy(_context([10_001], [0], target=1))[0] == 2
 
 
 def test_no_reports_yet_holds_the_current_target():
-    assert QueueDepthPolicy(1_000)(_context(None, None, target=3)) == (3, {"tokens": None})
+    assert ScorerLoadPolicy(1_000)(_context(None, None, target=3)) == (3, {"tokens": None})
 
 
 @pytest.mark.parametrize("target", [0, -5])
 def test_target_must_be_positive(target):
     with pytest.raises(ValueError, match="target_tokens_per_replica"):
-        QueueDepthPolicy(target)
+        ScorerLoadPolicy(target)
+
+
+def test_a_busy_device_asks_for_a_replica_before_any_queue_forms():
+    """One replica busy 80% of the time with a short queue: the tokens ask for 1 replica, the busy
+    share for ceil(0.8 / 0.7) = 2."""
+    policy = ScorerLoadPolicy(target_tokens_per_replica=10_000, target_busy_share=0.7)
+    desired, state = policy(_context([0], [4_000], target=1, busy=[0.8]))
+    assert desired == 2 and state["busy_share"] == 0.8
+    # Two replicas sharing more than one can take (0.45 + 0.4) keep two; at 0.3 + 0.3 one is enough.
+    assert policy(_context([0, 0], [2_000, 2_000], busy=[0.45, 0.4]))[0] == 2
+    assert policy(_context([0, 0], [2_000, 2_000], busy=[0.3, 0.3]))[0] == 1
+    # The tokens still win when they ask for more.
+    assert policy(_context([25_000], [4_000], target=1, busy=[0.9]))[0] == 3
+
+
+def test_the_busy_share_is_ignored_unless_a_target_is_set():
+    policy = ScorerLoadPolicy(target_tokens_per_replica=10_000)
+    assert policy(_context([0], [4_000], target=1, busy=[1.0]))[0] == 1
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_busy_target_must_be_a_share(share):
+    with pytest.raises(ValueError, match="target_busy_share"):
+        ScorerLoadPolicy(10_000, target_busy_share=share)

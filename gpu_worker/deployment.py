@@ -37,8 +37,8 @@ class ScoreWorker:
             engine, config.scheduler.model_copy(update={"max_batch_tokens": budget}))
         self.scheduler.start()
         self.metrics = WorkerMetrics(self.scheduler)
-        # refused tokens and busy seconds at the last stats report, and when it was
-        self._last_report = (0, 0.0, time.monotonic())
+        # refused and computed tokens at the last stats report, and when it was
+        self._last_report = (0, 0, time.monotonic())
         logger.info("ScoreWorker ready: %s", config)
 
     async def score(self, job: ScoreJob) -> ScoredJob | ScorerOverloaded:
@@ -54,18 +54,20 @@ class ScoreWorker:
     def record_autoscaling_stats(self) -> dict[str, float]:
         # Read by the autoscaling policy (ranker_app/autoscaling_policy.py).
         depth = self.scheduler.depth()
-        refused, busy = self.scheduler.refused_tokens, self.scheduler.busy_seconds()
+        refused, computed = self.scheduler.refused_tokens, self.scheduler.tokens_computed
         now = time.monotonic()
-        refused_before, busy_before, since = self._last_report
-        self._last_report = (refused, busy, now)
+        refused_before, computed_before, since = self._last_report
+        self._last_report = (refused, computed, now)
         elapsed = max(now - since, 1e-3)
+        capacity = self.scheduler.engine.capacity_tokens_per_s
         return {
             "queued_tokens": depth.queued_tokens,
             "inflight_tokens": depth.inflight_tokens,
             "queued_sequences": depth.queued_sequences,
             "inflight_sequences": depth.inflight_sequences,
             "refused_tokens_per_s": (refused - refused_before) / elapsed,
-            "busy_share": min(1.0, (busy - busy_before) / elapsed),
+            # computed tokens/s as a share of the measured capacity (0 where not measured)
+            "demand_share": (computed - computed_before) / elapsed / capacity if capacity else 0.0,
         }
 
     def ping(self) -> bool:

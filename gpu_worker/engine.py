@@ -78,6 +78,9 @@ class Engine:
             self.attention = FlashInferAttention(mcfg, device, cfg.flashinfer_backend)
         else:
             self.attention = TorchAttention(device)
+        # Tokens per second of a full eager batch, measured at warm-up (0.0: not measured, CPU):
+        # what the autoscaler compares the computed rate with.
+        self.capacity_tokens_per_s = 0.0
         # Captured before the batch budget is measured, so their memory is counted there.
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graph_buckets),
                                   cfg.flashinfer_backend, device) if cfg.cuda_graphs else None)
@@ -111,7 +114,11 @@ class Engine:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         self.finish(self.launch(tasks))
-        per_token = (torch.cuda.max_memory_allocated() - base) / sum(t.num_tokens for t in tasks)
+        tokens = sum(t.num_tokens for t in tasks)
+        per_token = (torch.cuda.max_memory_allocated() - base) / tokens
+        started = time.perf_counter()  # the same batch again, compiled: its rate
+        self.finish(self.launch(tasks))
+        self.capacity_tokens_per_s = tokens / (time.perf_counter() - started)
         free, _ = torch.cuda.mem_get_info()
         budget = int(MEMORY_FRACTION * (free + torch.cuda.memory_reserved() - base) / per_token)
         if max_batch_tokens > 0:
@@ -120,8 +127,8 @@ class Engine:
             # A sequence the ingress accepts always runs, alone if need be: it must fit.
             raise RuntimeError(f"GPU memory fits batches of {budget} tokens, fewer than "
                                f"max_seq_tokens={min_batch_tokens}: lower max_seq_tokens")
-        logger.info("warm-up done: %.0f activation bytes per token; batch budget %d tokens",
-                    per_token, budget)
+        logger.info("warm-up done: %.0f activation bytes per token; batch budget %d tokens; "
+                    "%.0f tokens/s", per_token, budget, self.capacity_tokens_per_s)
         return budget
 
     def launch(self, tasks: list[ScoreTask], *, overlapped: bool = False) -> Step:

@@ -66,10 +66,9 @@ class Scheduler:
         # Tokens turned away (admission) or expired in the queue: demand the autoscaler must
         # still see, or shedding would hide the load that should add a replica.
         self.refused_tokens = 0
-        # Seconds with a batch on the device (launched, not yet finished), for the autoscaler:
-        # the share of time busy rises with the load before any queue forms.
-        self._busy_s = 0.0
-        self._busy_since: float | None = None
+        # Tokens of finished batches: the autoscaler compares their rate with the engine's
+        # measured capacity, a share that rises with the load before any queue forms.
+        self.tokens_computed = 0
         # Finished batches for a metrics reader to drain; bounded so nobody reading costs nothing.
         self.batch_log: collections.deque[BatchRecord] = collections.deque(maxlen=4096)
 
@@ -135,12 +134,6 @@ class Scheduler:
         with self._lock:
             return QueueDepth(*self._queued, *self._inflight)
 
-    def busy_seconds(self) -> float:
-        """Seconds so far with at least one batch launched and not yet finished."""
-        with self._lock:
-            since = self._busy_since
-            return self._busy_s + (time.monotonic() - since if since is not None else 0.0)
-
     def _run(self) -> None:
         inflight: tuple[Step, float] | None = None  # a launched batch and its launch time
         while not self._stop.is_set():
@@ -155,8 +148,6 @@ class Scheduler:
             if inflight is not None:
                 self._finish(*inflight)
             inflight = launched
-            if inflight is None:
-                self._mark_busy(False)
         if inflight is not None:
             self._finish(*inflight)
         self._fail_all_waiting(RuntimeError("the scorer replica is shutting down"))
@@ -213,7 +204,6 @@ class Scheduler:
         launched = time.monotonic()
         for task in batch:
             task.launched = launched
-        self._mark_busy(True)
         try:
             return self.engine.launch(batch, overlapped=overlapped), started
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop
@@ -221,15 +211,6 @@ class Scheduler:
             self._record(batch, started, exc)
             self._settle(batch, exc)
             return None
-
-    def _mark_busy(self, busy: bool) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if busy and self._busy_since is None:
-                self._busy_since = now
-            elif not busy and self._busy_since is not None:
-                self._busy_s += now - self._busy_since
-                self._busy_since = None
 
     def _finish(self, step: Step, started: float) -> None:
         try:
@@ -240,6 +221,8 @@ class Scheduler:
             self._settle(step.tasks, exc)
             return
         self.batches_run += 1
+        with self._lock:
+            self.tokens_computed += sum(t.num_tokens for t in step.tasks)
         self._record(step.tasks, started, None)
         self._settle(step.tasks, results)
 

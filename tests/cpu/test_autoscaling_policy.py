@@ -10,9 +10,9 @@ DEPLOYMENT = DeploymentID(name="ScoreWorker", app_name="score")
 
 
 def _context(queued: list[float] | None, inflight: list[float] | None, target: int = 2,
-             refused: list[float] | None = None, busy: list[float] | None = None):
+             refused: list[float] | None = None, demand: list[float] | None = None):
     """Context for `target` replicas whose reported averages are `queued` / `inflight` (and
-    `refused` tokens per second and `busy` shares, when given)."""
+    `refused` tokens per second and `demand` shares, when given)."""
     replicas = [ReplicaID(f"r{i}", DEPLOYMENT) for i in range(target)]
     metrics = None
     if queued is not None:
@@ -20,8 +20,8 @@ def _context(queued: list[float] | None, inflight: list[float] | None, target: i
                    "inflight_tokens": dict(zip(replicas, inflight))}
     if refused is not None:
         metrics["refused_tokens_per_s"] = dict(zip(replicas, refused))
-    if busy is not None:
-        metrics["busy_share"] = dict(zip(replicas, busy))
+    if demand is not None:
+        metrics["demand_share"] = dict(zip(replicas, demand))
     return AutoscalingContext(
         deployment_id=DEPLOYMENT, deployment_name="ScoreWorker", app_name="score",
         current_num_replicas=target, target_num_replicas=target, running_replicas=replicas,
@@ -35,7 +35,7 @@ def test_desired_replicas_cover_all_tokens_at_the_target_per_replica():
     policy = ScorerLoadPolicy(target_tokens_per_replica=10_000)
     # 2 replicas: 30k + 5k queued, 8k + 8k running = 51k tokens → 6 replicas of 10k.
     desired, state = policy(_context([30_000, 5_000], [8_000, 8_000]))
-    assert desired == 6 and state == {"tokens": 51_000, "refused_tokens": 0, "busy_share": 0}
+    assert desired == 6 and state == {"tokens": 51_000, "refused_tokens": 0, "demand_share": 0}
 
 
 def test_refused_demand_still_asks_for_replicas():
@@ -69,25 +69,25 @@ def test_target_must_be_positive(target):
         ScorerLoadPolicy(target)
 
 
-def test_a_busy_device_asks_for_a_replica_before_any_queue_forms():
-    """One replica busy 80% of the time with a short queue: the tokens ask for 1 replica, the busy
-    share for ceil(0.8 / 0.7) = 2."""
-    policy = ScorerLoadPolicy(target_tokens_per_replica=10_000, target_busy_share=0.7)
-    desired, state = policy(_context([0], [4_000], target=1, busy=[0.8]))
-    assert desired == 2 and state["busy_share"] == 0.8
+def test_demand_near_capacity_asks_for_a_replica_before_any_queue_forms():
+    """One replica computing 80% of its capacity with a short queue: the tokens ask for 1
+    replica, the demand share for ceil(0.8 / 0.7) = 2."""
+    policy = ScorerLoadPolicy(target_tokens_per_replica=10_000, target_demand_share=0.7)
+    desired, state = policy(_context([0], [4_000], target=1, demand=[0.8]))
+    assert desired == 2 and state["demand_share"] == 0.8
     # Two replicas sharing more than one can take (0.45 + 0.4) keep two; at 0.3 + 0.3 one is enough.
-    assert policy(_context([0, 0], [2_000, 2_000], busy=[0.45, 0.4]))[0] == 2
-    assert policy(_context([0, 0], [2_000, 2_000], busy=[0.3, 0.3]))[0] == 1
+    assert policy(_context([0, 0], [2_000, 2_000], demand=[0.45, 0.4]))[0] == 2
+    assert policy(_context([0, 0], [2_000, 2_000], demand=[0.3, 0.3]))[0] == 1
     # The tokens still win when they ask for more.
-    assert policy(_context([25_000], [4_000], target=1, busy=[0.9]))[0] == 3
+    assert policy(_context([25_000], [4_000], target=1, demand=[0.9]))[0] == 3
 
 
-def test_the_busy_share_is_ignored_unless_a_target_is_set():
+def test_the_demand_share_is_ignored_unless_a_target_is_set():
     policy = ScorerLoadPolicy(target_tokens_per_replica=10_000)
-    assert policy(_context([0], [4_000], target=1, busy=[1.0]))[0] == 1
+    assert policy(_context([0], [4_000], target=1, demand=[1.0]))[0] == 1
 
 
 @pytest.mark.parametrize("share", [-0.1, 1.5])
-def test_busy_target_must_be_a_share(share):
-    with pytest.raises(ValueError, match="target_busy_share"):
-        ScorerLoadPolicy(10_000, target_busy_share=share)
+def test_demand_target_must_be_a_share(share):
+    with pytest.raises(ValueError, match="target_demand_share"):
+        ScorerLoadPolicy(10_000, target_demand_share=share)

@@ -230,39 +230,24 @@ def test_a_jobs_sequences_reach_a_running_loop_together_and_share_one_batch(engi
     assert scored.queued_s >= 0 and scored.computed_s > 0
 
 
-class SlowEngine(Engine):
-    """Each batch stays on the 'device' for at least `seconds` (finish waits that long)."""
 
-    def __init__(self, base: Engine, seconds: float) -> None:
-        super().__init__(base.model, base.device)
-        self.seconds = seconds
-
-    def finish(self, step: Step) -> list[list[list[float]]]:
-        time.sleep(self.seconds)
-        return super().finish(step)
-
-
-def _wait_until_idle(scheduler: Scheduler) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while scheduler._busy_since is not None:  # the loop closes the busy interval after finishing
-        assert time.monotonic() < deadline, "the loop never went idle"
-        time.sleep(0.01)
-
-
-def test_busy_time_counts_batches_on_the_device_and_not_idle_time(engine, sequences):
-    """The autoscaler's busy share: two batches that each hold the device ≥ 0.3 s add ≥ 0.6 s of
-    busy time; an idle loop adds none, however long it waits."""
-    scheduler = Scheduler(SlowEngine(engine, 0.3),
-                          SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=64))
+def test_tokens_computed_count_finished_batches_only(engine, sequences):
+    """The autoscaler's demand share reads tokens_computed: every token of a scored sequence,
+    none of a batch that failed or of a task refused for waiting too long."""
+    good, poisoned, stale = sequences[0], sequences[1], sequences[2]
+    spy = SpyEngine(engine, poisoned=(poisoned,))
+    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=1,
+                                               max_queue_wait_s=5))
+    collector = Collector()
+    scheduler.submit(ScoreTask(good, LABELS, collector.callback(0)))
+    scheduler.submit(ScoreTask(poisoned, LABELS, collector.callback(1)))
+    scheduler.submit(ScoreTask(stale, LABELS, collector.callback(2), arrived=time.monotonic() - 10))
+    assert scheduler.tokens_computed == 0
     scheduler.start()
     try:
-        assert scheduler.busy_seconds() == 0.0
-        for _ in range(2):
-            asyncio.run(scheduler.run_job(ScoreJob(list(sequences[:2]), LABELS)))
-            _wait_until_idle(scheduler)
-        busy = scheduler.busy_seconds()
-        time.sleep(0.5)
-        assert scheduler.busy_seconds() == busy  # idle: nothing added
+        results = collector.wait(3)
     finally:
         scheduler.stop()
-    assert busy >= 0.6
+    assert isinstance(results[0], list) and isinstance(results[1], RuntimeError)
+    assert isinstance(results[2], ScorerOverloaded)
+    assert scheduler.tokens_computed == good.num_tokens

@@ -78,8 +78,9 @@ class Engine:
             self.attention = FlashInferAttention(mcfg, device, cfg.flashinfer_backend)
         else:
             self.attention = TorchAttention(device)
-        # Tokens per second of a full eager batch, measured at warm-up (0.0: not measured, CPU):
-        # what the autoscaler compares the computed rate with.
+        # Tokens per second of the warm-up probe batch (~8k tokens, eager; 0.0 on CPU: not
+        # measured): what the autoscaler compares the computed rate with. Batches under load are
+        # larger and faster per token, so the share it gives reads somewhat high.
         self.capacity_tokens_per_s = 0.0
         # Captured before the batch budget is measured, so their memory is counted there.
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graph_buckets),

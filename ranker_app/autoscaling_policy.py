@@ -8,14 +8,14 @@ Configured in the YAML as `autoscaling_config.policy`:
 
 Each replica reports its queue depth, the tokens it refused per second (admission or the
 queue-wait bound) and the tokens it computed per second as a share of its capacity (measured at
-warm-up on a full batch), through
+warm-up on an ~8k-token batch), through
 `record_autoscaling_stats`; Serve averages every replica's values over `look_back_period_s` and
 calls this policy on its controller about ten times a second. The policy returns the raw replica
 count; Serve then applies min/max_replicas and upscale_delay_s / downscale_delay_s (short and
 long: fast up, slow down).
 
 Why both signals: tokens in the service only grow once a replica is saturated, so on a rising
-load a replica added on them starts (12–13 s on a GPU) while the excess is already being refused.
+load a replica added on them starts (12–20 s on a GPU) while the excess is already being refused.
 The demand share rises with the load before that, so a replica is added while the first still
 keeps up (docs/ARCHITECTURE.md, "Autoscaling").
 

@@ -3,7 +3,7 @@
 Usage: python -m loadtest.scale_config MODE OUT.yaml
   fixed1 / fixed2 / fixed4: exactly 1 / 2 / 4 scorer replicas (no autoscaling) and
   max(4, 3 × scorers) ingress replicas;
-  auto: the shipped config (queue-depth autoscaling 1..2), 4 ingress replicas, and a token queue
+  auto: the shipped config (load autoscaling 1..2), 4 ingress replicas, and a token queue
   of 4M tokens; the shipped max_queue_wait_s still refuses (503) what waits longer than it while
   the second replica starts.
 """

@@ -119,7 +119,6 @@ class FlashInferGraphAttention(FlashInferAttention):
         self.device = device
         self.tokens = tokens
         self.max_requests = max_requests
-        self.kv_capacity = kv_capacity
         slots = max_requests + 1  # + the padding request
         self.workspace_gpu = workspace_gpu  # scratch shared by all buckets: one stream runs them
         i32 = dict(dtype=torch.int32, device=device)

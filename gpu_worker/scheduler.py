@@ -221,8 +221,6 @@ class Scheduler:
             self._settle(step.tasks, exc)
             return
         self.batches_run += 1
-        with self._lock:
-            self.tokens_computed += sum(t.num_tokens for t in step.tasks)
         self._record(step.tasks, started, None)
         self._settle(step.tasks, results)
 
@@ -236,9 +234,12 @@ class Scheduler:
         ))
 
     def _settle(self, tasks: list[ScoreTask], outcome: list | BaseException) -> None:
+        tokens = sum(t.num_tokens for t in tasks)
         with self._lock:
-            self._inflight[0] -= sum(t.num_tokens for t in tasks)
+            self._inflight[0] -= tokens
             self._inflight[1] -= len(tasks)
+            if not isinstance(outcome, BaseException):
+                self.tokens_computed += tokens
         for i, task in enumerate(tasks):
             self._answer(task, outcome if isinstance(outcome, BaseException) else outcome[i])
 

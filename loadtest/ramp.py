@@ -155,11 +155,18 @@ def summarize(outcomes: list[Outcome], rows: list[dict], phases: list[Phase]) ->
     peak_start = sum(p.duration_s for p in phases[:phases.index(peak)])
     second = next((r["t"] for r in rows if r["t"] >= peak_start
                    and (r.get("serving_replicas") or 0) >= 2), None)
+    # Serve's decision (the target first reaches 2) to the second replica's first scored items;
+    # 1 s windows, and a window without a Prometheus sample has neither field.
+    asked = next((r["t"] for r in rows if (r.get("target_replicas") or 0) >= 2), None)
+    serving = next((r["t"] for r in rows if asked is not None and r["t"] >= asked
+                    and (r.get("serving_replicas") or 0) >= 2), None)
     return {
         "requests": len(outcomes), "failed": sum(failures.values()), "failures": failures,
         "max_serving_replicas": max((r.get("serving_replicas") or 0 for r in rows), default=0),
         "peak_phase_start_s": peak_start,
         "second_replica_serving_after_s": None if second is None else second - peak_start,
+        "second_replica_asked_at_s": asked,
+        "scale_up_s": None if serving is None else serving - asked,
         "final_target_replicas": next((r["target_replicas"] for r in reversed(rows)
                                        if r.get("target_replicas") is not None), None),
     }

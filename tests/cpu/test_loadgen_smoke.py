@@ -261,3 +261,19 @@ def test_ramp_smoke_sends_every_phase(server_url):
     assert sum(r["sent"] for r in rows) == len(outcomes)
     summary = ramp.summarize(outcomes, rows, phases)
     assert (summary["requests"], summary["failed"]) == (len(outcomes), 0)
+
+
+def test_ramp_summary_times_the_scale_up_from_the_decision():
+    phases = ramp.parse_phases("3:10,3:40")
+    rows = [{"t": 0.0, "target_replicas": 1, "serving_replicas": 1},
+            {"t": 1.0},  # no Prometheus sample in this window
+            {"t": 2.0, "target_replicas": 2, "serving_replicas": 1},
+            {"t": 3.0, "target_replicas": 2, "serving_replicas": 1},
+            {"t": 4.0},
+            {"t": 5.0, "target_replicas": 2, "serving_replicas": 2},
+            {"t": 6.0, "target_replicas": 2, "serving_replicas": 2}]
+    summary = ramp.summarize([], rows, phases)
+    assert summary["second_replica_asked_at_s"] == 2.0
+    assert summary["scale_up_s"] == 3.0
+    assert summary["second_replica_serving_after_s"] == 2.0  # the peak began at t = 3 s
+    assert ramp.summarize([], rows[:4], phases)["scale_up_s"] is None  # never served

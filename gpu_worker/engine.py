@@ -72,7 +72,8 @@ class Engine:
         self.vocab_size = model.config.vocab_size
         self.dtype = model.lm_head.weight.dtype
         mcfg = model.config
-        self.ops = CudaOps(mcfg, device, cfg.fp32_residual) if cfg.ops == "cuda" else TorchOps(mcfg)
+        self.ops = (CudaOps(mcfg, device, cfg.fp32_residual, cfg.fused_gate_up)
+                    if cfg.ops == "cuda" else TorchOps(mcfg))
         self.attention: AttentionBackend
         if cfg.attention == "flashinfer":
             self.attention = FlashInferAttention(mcfg, device, cfg.flashinfer_backend)

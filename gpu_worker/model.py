@@ -42,7 +42,7 @@ class Ops(Protocol):
     def add_rms_norm(self, x, residual, weight, eps): ...
     def start_residual(self, x): ...
     def prepare_qkv(self, qkv, positions, attn: "Attention"): ...
-    def silu_and_mul(self, gate_up): ...
+    def gate_up_silu(self, x, weight): ...
 
 
 class RMSNorm(nn.Module):
@@ -85,7 +85,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(ops.gate_up_silu(x, self.gate_up_proj.weight))
 
 
 class DecoderLayer(nn.Module):

@@ -45,6 +45,8 @@ class EngineConfig(_Settings):
     flashinfer_backend: Literal["fa2", "fa3"] = Field(
         "fa2", description="fa2 measured faster for multi-item attention")
     fp32_residual: bool = Field(True, description="ops cuda: fp32 residual stream (~4% slower)")
+    fused_gate_up: bool = Field(True, description="ops cuda, Hopper or newer: large batches run "
+                                "gate_up + SwiGLU as one GEMM (same output, fewer passes)")
     torch_threads: int = Field(0, ge=0, description="CPU only; 0 = one per core")
     cuda_graphs: bool = Field(False, description="replay captured forwards for batches up to "
                               "the largest bucket (needs attention flashinfer, ops cuda)")

@@ -1,11 +1,11 @@
 """Variants of configs/score-gpu.yaml for the scaling runs (loadtest/run_scale_gpu.sh).
 
 Usage: python -m loadtest.scale_config MODE OUT.yaml
-  fixed1 / fixed2 / fixed4: exactly 1 / 2 / 4 scorer replicas (no autoscaling) and
-  max(4, 3 × scorers) ingress replicas;
-  auto: the shipped config (load autoscaling 1..2), 4 ingress replicas, and a token queue
-  of 4M tokens; the shipped max_queue_wait_s still refuses (503) what waits longer than it while
-  the second replica starts.
+  fixed1 / fixed2 / fixed4: exactly 1 / 2 / 4 scorer replicas (no autoscaling);
+  auto: the shipped config (load autoscaling 1..2) and a token queue of 4M tokens; the shipped
+  max_queue_wait_s still refuses (503) what waits longer than it while the second replica starts.
+Every mode runs the shipped config's ingress replicas (sized for one scorer) once per scorer it
+may run.
 """
 
 from __future__ import annotations
@@ -22,18 +22,20 @@ def variant(mode: str) -> dict:
     config = shipped_yaml("score-gpu.yaml")
     deployments = {d["name"]: d for d in config["applications"][0]["deployments"]}
     ingress = deployments["ScoreIngress"]
-    ingress["num_replicas"] = 4  # the front door must not be what limits the GPUs
+    worker = deployments["ScoreWorker"]
+    # The shipped ingress count is sized for one scorer GPU (admission and tokenizing CPUs):
+    # the same count per scorer, so the front door does not limit the GPUs.
+    per_scorer = ingress["num_replicas"]
     if mode in ("fixed1", "fixed2", "fixed4"):
         scorers = int(mode[-1])
-        worker = deployments["ScoreWorker"]
         worker.pop("autoscaling_config")
         worker["num_replicas"] = scorers
-        # tokenizing text is ingress CPU work: 3 ingress CPUs per scorer GPU, so the GPUs limit
-        ingress["num_replicas"] = max(4, 3 * scorers)
     elif mode == "auto":
+        scorers = worker["autoscaling_config"]["max_replicas"]
         config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 4_000_000
     else:
         raise SystemExit(f"mode must be fixed1, fixed2, fixed4 or auto, not {mode!r}")
+    ingress["num_replicas"] = per_scorer * scorers
     return config
 
 

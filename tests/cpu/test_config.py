@@ -123,3 +123,24 @@ def test_rerank_settings_are_checked():
         RerankConfig(templat="qwen3")
     custom = RerankConfig(template="qwen3", default_instruction="Find answers")
     assert custom.resolved_prompt().default_instruction == "Find answers"
+
+
+@pytest.mark.parametrize("mode, scorers", [("fixed1", 1), ("fixed2", 2), ("fixed4", 4),
+                                           ("auto", 2)])
+def test_scaling_variants_run_the_shipped_ingress_per_scorer(mode, scorers, tmp_path):
+    from loadtest.scale_config import variant
+
+    shipped = yaml.safe_load((REPO / "configs" / "score-gpu.yaml").read_text())
+    ingress = next(d for d in shipped["applications"][0]["deployments"]
+                   if d["name"] == "ScoreIngress")
+    deployments = {d["name"]: d for d in variant(mode)["applications"][0]["deployments"]}
+    assert deployments["ScoreIngress"]["num_replicas"] == scorers * ingress["num_replicas"]
+    assert deployments["ScoreIngress"]["max_ongoing_requests"] == ingress["max_ongoing_requests"]
+    worker = deployments["ScoreWorker"]
+    if mode == "auto":
+        assert worker["autoscaling_config"]["max_replicas"] == scorers
+    else:
+        assert worker["num_replicas"] == scorers and "autoscaling_config" not in worker
+    path = tmp_path / f"score-gpu-{mode}.yaml"
+    path.write_text(yaml.safe_dump(variant(mode), sort_keys=False))
+    check_config(path)

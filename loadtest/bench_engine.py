@@ -1,7 +1,8 @@
 """Offline GPU throughput of the engine on the SGLang multi-item bench workload.
 
 Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.6b-random]
-       [--budget 65536] [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up] [--no-hf]
+       [--budget 65536] [--no-hf]
+       [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
 (Engine.from_config, then the batch budget from Engine.batch_token_budget); --model and --budget
@@ -147,7 +148,8 @@ def main():
     p.add_argument("--item-len", type=int, default=180)
     p.add_argument("--budget", type=int,
                    help="scheduler.max_batch_tokens (default: the YAML's; 0: from free memory)")
-    p.add_argument("--modes", default="engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up")
+    p.add_argument("--modes", default="engine,sync,bf16_residual,one_per_item,torch_ops,fa3,"
+                                      "unfused_gate_up")
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_engine.json")
     args = p.parse_args()

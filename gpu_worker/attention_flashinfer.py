@@ -68,7 +68,14 @@ class FlashInferAttention:
         self._plan_copied.record()
 
     def _plan_wrapper(self, qo_indptr: list[int], kv_indptr: list[int],
-                      kv_indices_gpu: torch.Tensor, dtype: torch.dtype, **kwargs) -> None:
+                      kv_indices: array.array, dtype: torch.dtype,
+                      **kwargs) -> tuple[torch.Tensor, ...]:
+        """Plan the given layout; returns the page indices (pinned host and GPU copy), which must
+        stay alive until the batch finished."""
+        # A fresh pinned tensor each batch, copied without waiting; the kernel reads the copy on
+        # the GPU, so both stay referenced (Step.keep_alive) until the batch finished.
+        host = torch.frombuffer(kv_indices, dtype=torch.int32).pin_memory()
+        kv_indices_gpu = host.to(self.device, non_blocking=True)
         # NOTE: the indptrs stay on the host: plan() reads them there, so CPU tensors mean no sync.
         self._wait_for_previous_plan()
         self.wrapper.plan(
@@ -79,16 +86,11 @@ class FlashInferAttention:
             **kwargs,
         )
         self._plan_issued()
+        return host, kv_indices_gpu
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """Plan the batch; returns the tensors that must stay alive until the batch finished."""
-        qo_indptr, kv_indptr, kv_indices = paged_layout(sequences)
-        # A fresh pinned tensor each batch, copied without waiting; the kernel reads the copy on
-        # the GPU, so both stay referenced (Step.keep_alive) until the batch finished.
-        host = torch.frombuffer(kv_indices, dtype=torch.int32).pin_memory()
-        kv_indices_gpu = host.to(self.device, non_blocking=True)
-        self._plan_wrapper(qo_indptr, kv_indptr, kv_indices_gpu, dtype)
-        return host, kv_indices_gpu
+        return self._plan_wrapper(*paged_layout(sequences), dtype)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # K/V as [pages, page_size=1, heads, head_dim] views; the kernel needs one stride for
@@ -138,9 +140,6 @@ class FlashInferGraphAttention(FlashInferAttention):
         empty = self.max_requests + 2 - len(qo_indptr)
         qo_indptr.extend([self.tokens] * empty)
         kv_indptr.extend([len(kv_indices)] * empty)
-        host = torch.frombuffer(kv_indices, dtype=torch.int32).pin_memory()
-        kv_indices_gpu = host.to(self.device, non_blocking=True)
         # CUDA-graph mode would otherwise always split K/V and merge the parts: one more kernel,
         # and a summation order that differs from the eager path's.
-        self._plan_wrapper(qo_indptr, kv_indptr, kv_indices_gpu, dtype, disable_split_kv=True)
-        return host, kv_indices_gpu
+        return self._plan_wrapper(qo_indptr, kv_indptr, kv_indices, dtype, disable_split_kv=True)

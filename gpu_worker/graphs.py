@@ -3,10 +3,11 @@ small batches, where ~300 eager launches cost more host time than the GPU work i
 
 One graph per (token bucket, score-row bucket), captured at start-up, largest first, into one
 shared memory pool. A batch is padded up to the smallest bucket that holds it: padding tokens go
-into an attention request of their own (gpu_worker/attention_flashinfer.py::FlashInferGraphAttention),
-padding score rows and label entries point at row 0 / token 0, and only the first N outputs are
-read back. Delimiter positions come from the ingress, never from token values, so padding cannot
-create false item boundaries. Larger batches run eagerly (docs/ARCHITECTURE.md, "CUDA graphs").
+into an attention request of their own
+(gpu_worker/attention_flashinfer.py::FlashInferGraphAttention), padding score rows and label
+entries point at row 0 / token 0, and only the first N outputs are read back. Delimiter
+positions come from the ingress, never from token values, so padding cannot create false item
+boundaries. Larger batches run eagerly (docs/ARCHITECTURE.md, "CUDA graphs").
 """
 
 from __future__ import annotations

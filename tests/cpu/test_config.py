@@ -128,9 +128,10 @@ def test_rerank_settings_are_checked():
 @pytest.mark.parametrize("mode, scorers", [("fixed1", 1), ("fixed2", 2), ("fixed4", 4),
                                            ("auto", 2)])
 def test_scaling_variants_run_the_shipped_ingress_per_scorer(mode, scorers, tmp_path):
+    from loadtest.configs import shipped_yaml
     from loadtest.scale_config import variant
 
-    shipped = yaml.safe_load((REPO / "configs" / "score-gpu.yaml").read_text())
+    shipped = shipped_yaml("score-gpu.yaml")
     ingress = next(d for d in shipped["applications"][0]["deployments"]
                    if d["name"] == "ScoreIngress")
     deployments = {d["name"]: d for d in variant(mode)["applications"][0]["deployments"]}

@@ -230,7 +230,6 @@ def test_a_jobs_sequences_reach_a_running_loop_together_and_share_one_batch(engi
     assert scored.queued_s >= 0 and scored.computed_s > 0
 
 
-
 def test_tokens_computed_count_finished_batches_only(engine, sequences):
     """The autoscaler's demand share reads tokens_computed: every token of a scored sequence,
     none of a batch that failed or of a task refused for waiting too long."""

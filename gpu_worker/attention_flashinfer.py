@@ -24,6 +24,18 @@ from ranker_contract.packing import PackedSequence
 
 WORKSPACE_BYTES = 256 << 20
 
+# 0, 1, 2, ...: page lists are copied out of this as slices. A slice is one memory copy, where
+# extend(range(...)) converts every index (measured: 5.5 → 0.2 ms of host time, under the
+# GIL, for a ~31k-token bench batch of 50k pages). Grown in place when a batch needs more rows.
+_ROW_INDICES = array.array("i", range(1 << 16))
+
+
+def row_indices(start: int, end: int) -> array.array:
+    """array('i', range(start, end)), copied from a table instead of built index by index."""
+    if end > len(_ROW_INDICES):
+        _ROW_INDICES.extend(range(len(_ROW_INDICES), 2 * end))
+    return _ROW_INDICES[start:end]
+
 
 def paged_layout(sequences: list[PackedSequence]) -> tuple[list[int], list[int], array.array]:
     """(qo_indptr, kv_indptr, kv_indices) of the batch: one request per attention block, its K/V
@@ -33,10 +45,11 @@ def paged_layout(sequences: list[PackedSequence]) -> tuple[list[int], list[int],
     offset = 0
     for seq in sequences:
         start = offset
+        query_rows = row_indices(offset, offset + seq.prefix_len)
         for block, end in enumerate(seq.block_ends):
             if block:
-                kv_indices.extend(range(offset, offset + seq.prefix_len))
-            kv_indices.extend(range(start, offset + end))
+                kv_indices.extend(query_rows)
+            kv_indices.extend(row_indices(start, offset + end))
             start = offset + end
             qo_indptr.append(start)
             kv_indptr.append(len(kv_indices))
@@ -134,7 +147,7 @@ class FlashInferGraphAttention(FlashInferAttention):
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         qo_indptr, kv_indptr, kv_indices = paged_layout(sequences)
-        kv_indices.extend(range(qo_indptr[-1], self.tokens))  # the padding request
+        kv_indices.extend(row_indices(qo_indptr[-1], self.tokens))  # the padding request
         qo_indptr.append(self.tokens)
         kv_indptr.append(len(kv_indices))
         empty = self.max_requests + 2 - len(qo_indptr)

@@ -19,7 +19,7 @@ import torch
 from gpu_worker.attention_flashinfer import FlashInferAttention
 from gpu_worker.attention_torch import TorchAttention
 from gpu_worker.graphs import CudaGraphs
-from gpu_worker.host_tensors import int64_tensor
+from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.loader import load_model
 from gpu_worker.model import AttentionBackend, CausalLMForScoring
 from gpu_worker.ops import CudaOps, TorchOps
@@ -146,18 +146,17 @@ class Engine:
                                            label_rows, label_ids)
             return self._read_back(tasks, out, keep)
         on_cuda = self.device.type == "cuda"
-        host = [  # [T], [T], [R], [N], [N]
-            int64_tensor(x, pin=on_cuda)
-            for x in (input_ids, positions, score_rows, label_rows, label_ids)
-        ]
-        dev = [h.to(self.device, non_blocking=True) for h in host]
+        lists = (input_ids, positions, score_rows, label_rows, label_ids)  # [T], [T], [R], [N], [N]
+        host = padded_int64_tensor([(x, len(x)) for x in lists], pin=on_cuda)  # one copy for all
+        dev = host.to(self.device, non_blocking=True)
+        ids, pos, rows, label_rows_dev, label_ids_dev = dev.split([len(x) for x in lists])
         plan_tensors = self.attention.plan(sequences, self.dtype)
         with torch.inference_mode():
-            hidden = self.model.model(dev[0], dev[1], dev[2], self.ops, self.attention)
-            out = self.model.label_logprobs(hidden, dev[3], dev[4])
+            hidden = self.model.model(ids, pos, rows, self.ops, self.attention)
+            out = self.model.label_logprobs(hidden, label_rows_dev, label_ids_dev)
         if not on_cuda:
-            return Step(tasks, (*host, *plan_tensors), out, None)
-        return self._read_back(tasks, out, (*host, *dev, *plan_tensors))
+            return Step(tasks, (host, *plan_tensors), out, None)
+        return self._read_back(tasks, out, (host, dev, *plan_tensors))
 
     @staticmethod
     def _read_back(tasks: list[ScoreTask], out: torch.Tensor,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from gpu_worker.attention_flashinfer import WORKSPACE_BYTES, FlashInferGraphAttention
-from gpu_worker.host_tensors import int64_tensor
+from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.model import CausalLMForScoring, Ops
 from ranker_contract.packing import PackedSequence
 
@@ -78,12 +78,9 @@ class CudaGraphs:
                positions: list[int], score_rows: list[int], label_rows: list[int],
                label_ids: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Queue the batch on graph `g`: returns (its [N] log-probs, tensors to keep alive)."""
-        pad_tokens = [0] * (g.tokens - len(input_ids))
-        pad_rows = [0] * (g.rows - len(score_rows))
-        pad_labels = [0] * (g.labels - len(label_ids))
-        host = int64_tensor(input_ids + pad_tokens + positions + pad_tokens + score_rows
-                            + pad_rows + label_rows + pad_labels + label_ids + pad_labels,
-                            pin=True)
+        host = padded_int64_tensor([(input_ids, g.tokens), (positions, g.tokens),
+                                    (score_rows, g.rows), (label_rows, g.labels),
+                                    (label_ids, g.labels)], pin=True)
         g.meta.copy_(host, non_blocking=True)
         keep = g.attention.plan(sequences, self.dtype)
         g.graph.replay()

@@ -71,3 +71,16 @@ def test_every_item_row_sees_the_query_and_its_own_item_so_far_in_both_backends(
                 for row in range(seq.num_tokens):
                     assert by_layout[offset + row] == set(range(offset, offset + row + 1))
             offset += seq.num_tokens
+
+
+def test_layout_of_a_batch_past_the_first_row_table_counts_every_row():
+    # 70,000 rows: more than the 65,536 indices the page lists are first sliced from.
+    sequences = [pack_plain([1] * 30_000, 0), pack_multi_item([1] * 5, [[2] * 20_000] * 2, D)]
+    qo_indptr, kv_indptr, kv_indices = paged_layout(sequences)
+    assert qo_indptr == [0, 30_000, 30_006, 50_007, 70_008]
+    plain, head, item_a, item_b = (list(kv_indices[kv_indptr[r]:kv_indptr[r + 1]])
+                                   for r in range(4))
+    assert plain == list(range(30_000))
+    assert head == list(range(30_000, 30_006))
+    assert item_a == list(range(30_000, 30_005)) + list(range(30_006, 50_007))
+    assert item_b == list(range(30_000, 30_005)) + list(range(50_007, 70_008))

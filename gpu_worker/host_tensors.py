@@ -12,7 +12,7 @@ _ZEROS = array.array("q", bytes(8 << 16))
 
 def padded_int64_tensor(parts: list[tuple[list[int], int]], pin: bool = False) -> torch.Tensor:
     """One fresh int64 CPU tensor of the lists in order, each followed by zeros up to its size
-    (a CUDA graph's fixed input layout; size = len(list) for none); pinned when `pin`, for one
+    (a CUDA graph's fixed input layout; size = len(list): no padding); pinned when `pin`, for one
     non-blocking copy of the whole batch's metadata.
 
     Going through array.array is ~4x faster than torch.tensor(list) for the thousands of ids of

@@ -147,9 +147,10 @@ class Engine:
             return self._read_back(tasks, out, keep)
         on_cuda = self.device.type == "cuda"
         lists = (input_ids, positions, score_rows, label_rows, label_ids)  # [T], [T], [R], [N], [N]
-        host = padded_int64_tensor([(x, len(x)) for x in lists], pin=on_cuda)  # one copy for all
+        sizes = [len(x) for x in lists]
+        host = padded_int64_tensor(list(zip(lists, sizes)), pin=on_cuda)  # one copy for all
         dev = host.to(self.device, non_blocking=True)
-        ids, pos, rows, label_rows_dev, label_ids_dev = dev.split([len(x) for x in lists])
+        ids, pos, rows, label_rows_dev, label_ids_dev = dev.split(sizes)
         plan_tensors = self.attention.plan(sequences, self.dtype)
         with torch.inference_mode():
             hidden = self.model.model(ids, pos, rows, self.ops, self.attention)

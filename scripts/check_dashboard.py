@@ -48,7 +48,9 @@ TEXT = Workload(query_len=40, items=4, item_len=40, vocab=VOCAB, text="natural")
 LARGE = Workload(query_len=40, items=8, item_len=200, vocab=VOCAB)
 MAX_QUEUED_TOKENS = 8192  # a burst of BURST large requests overflows it; the drop scene doesn't
 BURST = 12
-ABANDON_AFTER_S = 1.0  # long enough to reach the ingress on a busy box, short of the fills' work
+FILLS = 4  # large requests queued ahead of the abandoned ones (within MAX_QUEUED_TOKENS)
+DROP_ROUNDS = 4
+METRICS_REPORT_S = 1.5  # the scorer publishes every 0.5 s, Ray exports every 1 s (FAST_METRICS_ENV)
 TRICKLE_RPS = 1.5  # well below what one scorer does on a busy 2-core box
 DEADLINE_S = 90  # for any state awaited (series scraped, counts settled)
 JSON = {"Content-Type": "application/json"}
@@ -138,24 +140,50 @@ class Traffic:
             self.problems.append(f"a burst of {BURST} large requests got no 503")
 
     async def drops(self, metrics_url: str) -> None:
-        """Large requests fill the scorer; small ones abandoned while queued behind them."""
-        deadline = time.monotonic() + DEADLINE_S
-        while service_sample(await asyncio.to_thread(scrape, metrics_url)).queued_tokens:
-            if time.monotonic() > deadline:  # the burst's backlog must be gone first
-                self.problems.append(f"scorer queue not empty {DEADLINE_S} s after the burst")
-                break
-            await asyncio.sleep(0.5)
+        """Small requests abandoned while queued behind large ones, at a moment set by this
+        machine's own speed: the client deadline is the time one large request takes alone,
+        measured just before, and FILLS of them are queued ahead, so the deadline passes with
+        most of that backlog still ahead, on a fast idle machine as on a slow busy one. A round
+        whose abandoned requests were all answered or dropped before reaching the scorer is run
+        again with half the deadline, until the scorer counts a drop."""
         large, small = RequestFactory(LARGE, "fill"), RequestFactory(SMALL, "gone")
-        fills = [asyncio.create_task(self.post("/v1/score", large.next_bytes(), LARGE.items,
-                                               scene="fill")) for _ in range(3)]
-        await asyncio.sleep(0.3)
-        await asyncio.gather(
-            *(self.post("/v1/score", small.next_bytes(), SMALL.items, timeout_s=ABANDON_AFTER_S,
-                        scene="hang up") for _ in range(3)),
-            *(self.post("/v1/score", small.next_bytes(), SMALL.items, scene="time out",
-                        headers={"x-request-timeout-seconds": str(ABANDON_AFTER_S)})
-              for _ in range(3)))
-        await asyncio.gather(*fills)
+        deadline_s = None
+        for round_no in range(1, DROP_ROUNDS + 1):
+            before = await self._settled_drops(metrics_url)
+            if deadline_s is None:
+                started = time.monotonic()
+                await self.post("/v1/score", large.next_bytes(), LARGE.items, scene="measure")
+                deadline_s = time.monotonic() - started
+            print(f"drop scene, round {round_no}: client deadline {deadline_s * 1e3:.0f} ms")
+            fills = [asyncio.create_task(self.post("/v1/score", large.next_bytes(), LARGE.items,
+                                                   scene="fill")) for _ in range(FILLS)]
+            await asyncio.sleep(deadline_s / 4)  # the fills reach the scorer first
+            await asyncio.gather(
+                *(self.post("/v1/score", small.next_bytes(), SMALL.items, timeout_s=deadline_s,
+                            scene="hang up") for _ in range(3)),
+                *(self.post("/v1/score", small.next_bytes(), SMALL.items, scene="time out",
+                            headers={"x-request-timeout-seconds": f"{deadline_s:.3f}"})
+                  for _ in range(3)))
+            await asyncio.gather(*fills)
+            if await self._settled_drops(metrics_url) > before:
+                return
+            deadline_s /= 2
+        self.problems.append(f"no sequence dropped in {DROP_ROUNDS} rounds of abandoned requests")
+
+    async def _settled_drops(self, metrics_url: str) -> float:
+        """The scorer's drop count once its queue is empty and the count has been published."""
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            first = service_sample(await asyncio.to_thread(scrape, metrics_url))
+            await asyncio.sleep(2 * METRICS_REPORT_S)  # a drop counted now is published by then
+            second = service_sample(await asyncio.to_thread(scrape, metrics_url))
+            idle = not (first.queued_tokens or first.inflight_tokens or second.queued_tokens
+                        or second.inflight_tokens)
+            if idle and first.dropped == second.dropped:
+                return second.dropped
+            if time.monotonic() > deadline:
+                self.problems.append(f"scorer queue not settled after {DEADLINE_S} s")
+                return second.dropped
 
 
 async def send_traffic(url: str, metrics_url: str) -> Traffic:

@@ -1,5 +1,0 @@
-source .device/install.sh > /dev/null 2>&1
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 MAX_JOBS=16
-nvidia-smi --query-gpu=name --format=csv,noheader
-python3 scripts/make_random_model.py > /dev/null 2>&1
-timeout 400 python3 -m pytest tests/gpu -q -s -p no:cacheprovider 2>&1 | tee $OUT/gpu_tests.log | grep -v "^$\|Loading" | tail -14

@@ -1,9 +1,0 @@
-# After the launch-path changes: GPU tests, lone-request latency, replica start (cold + warm).
-source .device/install.sh > /dev/null 2>&1
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 MAX_JOBS=16
-nvidia-smi --query-gpu=name --format=csv,noheader
-python3 scripts/make_random_model.py > /dev/null 2>&1
-python3 -m loadtest.replica_start --out $OUT/replica_start_cold.json 2>&1 | grep -v Warn | tail -9
-python3 -m loadtest.replica_start --out $OUT/replica_start_warm.json 2>&1 | grep -v Warn | tail -9
-timeout 240 python3 -m pytest tests/gpu -q -s -p no:cacheprovider 2>&1 | tee $OUT/gpu_tests.log | grep -v "^$\|Loading\|graphs vs eager" | tail -8
-timeout 200 python3 -m loadtest.engine_latency --out $OUT/engine_latency.json 2>&1 | grep -v Warn | tail -16

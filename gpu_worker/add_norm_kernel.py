@@ -2,8 +2,8 @@
 
 Keeping the residual in fp32 while activations stay bf16 removes a large rounding source of a
 bf16 forward (small sublayer outputs added to a large bf16 residual), for 50% more bytes in this
-one memory-bound kernel. Measured on an H100 (Qwen3-0.6B shape, tests/gpu): max |Δ logprob| vs
-HF fp32 fell from 2.1e-2 to 7.9e-3, and throughput from 2,520 to 2,414 items/s.
+one memory-bound kernel: closer to HF fp32, a little slower (docs/ARCHITECTURE.md, "Engine";
+the figures are in docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@ query rows (for every block after the first) followed by the block's own rows. W
 mask aligned to the end of that list, an item row sees the query and its own item so far, and
 the kernel computes no tile outside it. No KV cache is kept.
 
-This replaced FlashInfer's multi-item mask (one request per packed sequence with a per-token
-item-position table): on an H100 the same batch took 0.53 instead of 0.80 ms per layer
-(docs/BENCHMARKS.md), because that mask is tested per element and its tiles span the window of
-the longest item.
+This layout, not FlashInfer's own multi-item mask (one request per packed sequence with a
+per-token item-position table): that mask is tested per element and its tiles span the window of
+the longest item, so it costs more (docs/ARCHITECTURE.md, "Engine").
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ from ranker_contract.packing import PackedSequence
 WORKSPACE_BYTES = 256 << 20
 
 # 0, 1, 2, ...: page lists are copied out of this as slices. A slice is one memory copy, where
-# extend(range(...)) converts every index (measured: 5.5 → 0.2 ms of host time, under the
-# GIL, for a ~31k-token bench batch of 50k pages). Grown in place when a batch needs more rows.
+# extend(range(...)) converts every index under the GIL: host time the launch path cannot spare
+# (docs/ARCHITECTURE.md, "CUDA graphs"). Grown in place when a batch needs more rows.
 _ROW_INDICES = array.array("i", range(1 << 16))
 
 

@@ -31,10 +31,11 @@ DEFAULT_OPTIONS = {
 class ScoreWorker:
     def __init__(self, config: AppConfig) -> None:
         engine = Engine.from_config(config.resolved_model_path(), config.engine)
-        budget = engine.batch_token_budget(config.scheduler.max_batch_tokens,
-                                           config.limits.max_seq_tokens)
-        self.scheduler = Scheduler(
-            engine, config.scheduler.model_copy(update={"max_batch_tokens": budget}))
+        budget = engine.measure_budget(config.scheduler.max_batch_tokens,
+                                       config.limits.max_seq_tokens)
+        # The probe's rate, what record_autoscaling_stats compares the computed rate with.
+        self.capacity_tokens_per_s = budget.capacity_tokens_per_s
+        self.scheduler = Scheduler(engine, config.scheduler, batch_token_budget=budget.tokens)
         self.scheduler.start()
         self.metrics = WorkerMetrics(self.scheduler)
         # refused and computed tokens at the last stats report, and when it was
@@ -59,7 +60,7 @@ class ScoreWorker:
         refused_before, computed_before, since = self._last_report
         self._last_report = (refused, computed, now)
         elapsed = max(now - since, 1e-3)
-        capacity = self.scheduler.engine.capacity_tokens_per_s
+        capacity = self.capacity_tokens_per_s
         return {
             "queued_tokens": depth.queued_tokens,
             "inflight_tokens": depth.inflight_tokens,

@@ -1,8 +1,10 @@
 """Device work for one batch: launch() queues the forward, finish() waits and reads the results.
 
-All metadata comes from the ingress's Python ints. On CUDA the host tensors are fresh pinned
-tensors copied with non_blocking=True and only the label log-probs come back, into a pinned
-buffer, after `done` is recorded; finish() is the only place that waits on the device.
+The engine takes plain packed sequences and their label ids and knows nothing of tasks,
+callbacks, cancellation or clocks: those are the scheduler's (docs/ARCHITECTURE.md, "The
+scheduler"). All metadata comes from the ingress's Python ints. On CUDA the host tensors are
+fresh pinned tensors copied with non_blocking=True and only the label log-probs come back, into a
+pinned buffer, after `done` is recorded; finish() is the only place that waits on the device.
 """
 
 from __future__ import annotations
@@ -10,9 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -32,25 +33,16 @@ logger = logging.getLogger(__name__)
 MEMORY_FRACTION = 0.8
 PROBE_TOKENS = 8192  # about one bench-sized batch slice; activations scale linearly
 
-# Receives a task's result (items × labels log-probs) or the exception that failed it.
-DoneCallback = Callable[[list[list[float]] | BaseException], None]
 
+@dataclass(frozen=True, slots=True)
+class BatchBudget:
+    """What the warm-up probe measured (Engine.measure_budget)."""
 
-@dataclass(slots=True)
-class ScoreTask:
-    """One packed sequence waiting to be scored, with its request's label ids."""
-
-    sequence: PackedSequence
-    label_ids: list[int]
-    on_done: DoneCallback
-    # True once nobody waits for the result (the caller went away): the loop drops the task.
-    cancelled: Callable[[], bool] = lambda: False
-    arrived: float = field(default_factory=time.monotonic)  # for the queue-wait bound
-    launched: float = 0.0  # time.monotonic() when its batch was launched (set by the scheduler)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.sequence.num_tokens
+    tokens: int  # tokens one batch may hold: the scheduler's batch_token_budget
+    # Tokens per second of the probe batch (~8k tokens, eager; 0.0 on CPU: not measured): what
+    # the autoscaler compares the computed rate with. Batches under load are larger and faster
+    # per token, so the share it gives reads somewhat high.
+    capacity_tokens_per_s: float
 
 
 @dataclass(slots=True)
@@ -58,10 +50,10 @@ class Step:
     """A launched batch. NOTE: owns every host and device tensor of the batch until finished,
     so no pinned source is freed (and reused) while its copy may still be running."""
 
-    tasks: list[ScoreTask]
     keep_alive: tuple[torch.Tensor, ...]
-    out_cpu: torch.Tensor  # [N] fp32 label log-probs, flat in task/item/label order
+    out_cpu: torch.Tensor  # [N] fp32 label log-probs, flat in sequence/item/label order
     done: torch.cuda.Event | None  # None on CPU: the work already ran
+    items_and_labels: list[tuple[int, int]]  # per sequence: how finish() splits out_cpu
 
 
 class Engine:
@@ -79,10 +71,6 @@ class Engine:
             self.attention = FlashInferAttention(mcfg, device, cfg.flashinfer_backend)
         else:
             self.attention = TorchAttention(device)
-        # Tokens per second of the warm-up probe batch (~8k tokens, eager; 0.0 on CPU: not
-        # measured): what the autoscaler compares the computed rate with. Batches under load are
-        # larger and faster per token, so the share it gives reads somewhat high.
-        self.capacity_tokens_per_s = 0.0
         # Captured before the batch budget is measured, so their memory is counted there.
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graph_buckets),
                                   cfg.flashinfer_backend, device) if cfg.cuda_graphs else None)
@@ -97,30 +85,29 @@ class Engine:
         device = torch.device(cfg.device)
         return cls(load_model(model_path, getattr(torch, cfg.dtype), device), device, cfg)
 
-    def batch_token_budget(self, max_batch_tokens: int, min_batch_tokens: int) -> int:
-        """Tokens one batch may hold. On CPU: `max_batch_tokens`. On a GPU a multi-item probe
-        batch compiles every kernel before the replica reports ready and measures activation
-        memory per token:
+    def measure_budget(self, max_batch_tokens: int, min_batch_tokens: int) -> BatchBudget:
+        """The batch budget and the probe's rate. On CPU: `max_batch_tokens`, no rate. On a GPU a
+        multi-item probe batch compiles every kernel before the replica reports ready and
+        measures activation memory per token:
 
             budget = MEMORY_FRACTION * free_memory_after_weights / peak_bytes_per_token
 
-        capped by `max_batch_tokens` when that is set (> 0); it must hold `min_batch_tokens` (the
-        longest sequence the ingress may send).
+        capped by `max_batch_tokens` (the YAML's cap) when that is set (> 0); it must hold
+        `min_batch_tokens` (the longest sequence the ingress may send).
         """
         if self.device.type != "cuda":
-            return max_batch_tokens
+            return BatchBudget(max_batch_tokens, 0.0)
         items = [list(range(200, 380))] * (PROBE_TOKENS // 181 - 1)  # ~PROBE_TOKENS in all
-        tasks = [ScoreTask(pack_multi_item(list(range(1, 121)), items, 0), [1, 2],
-                           lambda _: None)]
+        sequences, label_ids = [pack_multi_item(list(range(1, 121)), items, 0)], [[1, 2]]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        self.finish(self.launch(tasks))
-        tokens = sum(t.num_tokens for t in tasks)
+        self.finish(self.launch(sequences, label_ids))
+        tokens = sum(s.num_tokens for s in sequences)
         per_token = (torch.cuda.max_memory_allocated() - base) / tokens
         started = time.perf_counter()  # the same batch again, compiled: its rate
-        self.finish(self.launch(tasks))
-        self.capacity_tokens_per_s = tokens / (time.perf_counter() - started)
+        self.finish(self.launch(sequences, label_ids))
+        capacity = tokens / (time.perf_counter() - started)
         free, _ = torch.cuda.mem_get_info()
         budget = int(MEMORY_FRACTION * (free + torch.cuda.memory_reserved() - base) / per_token)
         if max_batch_tokens > 0:
@@ -130,21 +117,25 @@ class Engine:
             raise RuntimeError(f"GPU memory fits batches of {budget} tokens, fewer than "
                                f"max_seq_tokens={min_batch_tokens}: lower max_seq_tokens")
         logger.info("warm-up done: %.0f activation bytes per token; batch budget %d tokens; "
-                    "%.0f tokens/s", per_token, budget, self.capacity_tokens_per_s)
-        return budget
+                    "%.0f tokens/s", per_token, budget, capacity)
+        return BatchBudget(budget, capacity)
 
-    def launch(self, tasks: list[ScoreTask], *, overlapped: bool = False) -> Step:
-        """Queue the batch's forward. `overlapped`: another batch is still running on the device,
-        so these ~300 eager launches hide behind it; a CUDA graph pays only when they would not
-        (its fixed tiles and padding cost more GPU time than the eager kernels)."""
-        sequences = [t.sequence for t in tasks]
-        input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(tasks)
+    def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
+               *, overlapped: bool = False) -> Step:
+        """Queue the batch's forward; each sequence is scored on its own label ids.
+        `overlapped`: another batch is still running on the device, so these ~300 eager launches
+        hide behind it; a CUDA graph pays only when they would not (its fixed tiles and padding
+        cost more GPU time than the eager kernels; docs/ARCHITECTURE.md, "CUDA graphs")."""
+        input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(
+            sequences, label_ids_per_sequence)
+        items_and_labels = [(s.num_items, len(ids))
+                            for s, ids in zip(sequences, label_ids_per_sequence)]
         graph = (not overlapped and self.graphs
                  and self.graphs.pick(sequences, len(score_rows), len(label_ids)))
         if graph:
             out, keep = self.graphs.launch(graph, sequences, input_ids, positions, score_rows,
                                            label_rows, label_ids)
-            return self._read_back(tasks, out, keep)
+            return self._read_back(out, keep, items_and_labels)
         on_cuda = self.device.type == "cuda"
         lists = (input_ids, positions, score_rows, label_rows, label_ids)  # [T], [T], [R], [N], [N]
         sizes = [len(x) for x in lists]
@@ -156,47 +147,46 @@ class Engine:
             hidden = self.model.model(ids, pos, rows, self.ops, self.attention)
             out = self.model.label_logprobs(hidden, label_rows_dev, label_ids_dev)
         if not on_cuda:
-            return Step(tasks, (host, *plan_tensors), out, None)
-        return self._read_back(tasks, out, (host, dev, *plan_tensors))
+            return Step((host, *plan_tensors), out, None, items_and_labels)
+        return self._read_back(out, (host, dev, *plan_tensors), items_and_labels)
 
     @staticmethod
-    def _read_back(tasks: list[ScoreTask], out: torch.Tensor,
-                   keep: tuple[torch.Tensor, ...]) -> Step:
+    def _read_back(out: torch.Tensor, keep: tuple[torch.Tensor, ...],
+                   items_and_labels: list[tuple[int, int]]) -> Step:
         """Queue the copy of the [N] log-probs into pinned memory and mark the batch's end."""
         out_cpu = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)  # [N] fp32
         out_cpu.copy_(out, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return Step(tasks, (*keep, out), out_cpu, done)
+        return Step((*keep, out), out_cpu, done, items_and_labels)
 
     def finish(self, step: Step) -> list[list[list[float]]]:
-        """Per task: one row of label log-probs per item."""
+        """Per sequence: one row of label log-probs per item."""
         if step.done is not None:
             step.done.synchronize()
         flat = step.out_cpu.tolist()
         results, at = [], 0
-        for task in step.tasks:
-            n_labels = len(task.label_ids)
+        for n_items, n_labels in step.items_and_labels:
             rows = []
-            for _ in range(task.sequence.num_items):
+            for _ in range(n_items):
                 rows.append(flat[at : at + n_labels])
                 at += n_labels
             results.append(rows)
         return results
 
 
-def _host_metadata(tasks: list[ScoreTask]) -> tuple[list[int], ...]:
+def _host_metadata(sequences: list[PackedSequence],
+                   label_ids_per_sequence: list[list[int]]) -> tuple[list[int], ...]:
     input_ids: list[int] = []
     positions: list[int] = []
     score_rows: list[int] = []
     label_rows: list[int] = []
     label_ids: list[int] = []
-    for task in tasks:
-        seq = task.sequence
+    for seq, ids in zip(sequences, label_ids_per_sequence, strict=True):
         offset = len(input_ids)
         for row in seq.score_rows:
-            label_rows.extend([len(score_rows)] * len(task.label_ids))
-            label_ids.extend(task.label_ids)
+            label_rows.extend([len(score_rows)] * len(ids))
+            label_ids.extend(ids)
             score_rows.append(offset + row)
         input_ids.extend(seq.input_ids)
         positions.extend(seq.positions)

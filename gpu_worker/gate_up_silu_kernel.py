@@ -5,8 +5,8 @@ over one shared x tile, loaded by TMA), applies SiLU-and-multiply in registers a
 the [M, I] result. Unfused, cuBLAS writes the bf16 [M, 2I] gate_up tensor and FlashInfer's
 silu_and_mul reads it back and writes [M, I]: two memory-bound passes this saves. The output is
 bit-identical to the unfused path (gate and up are rounded to bf16 before the SiLU, as there).
-Measured on an H100 (docs/BENCHMARKS.md): 0.87-1.05x the unfused time from 6k rows, 1.3-1.7x at
-2-4k rows, so `CudaOps` uses it for large batches only. Hopper or newer (TMA). GPU only.
+It pays only on large batches, so `CudaOps` uses it from FUSED_GATE_UP_MIN_TOKENS rows
+(docs/ARCHITECTURE.md, "Engine"). Hopper or newer (TMA). GPU only.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-# One fixed tile (what the autotuner picked at 32k and 64k rows on an H100): no tuning at run
-# time, so no host sync and no first-call stall per batch size.
+# One fixed tile (the autotuner's pick for large batches): no tuning at run time, so no host sync
+# and no first-call stall per batch size.
 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 128, 128, 64, 8
 NUM_STAGES, NUM_WARPS = 3, 8
 

@@ -15,8 +15,9 @@ def padded_int64_tensor(parts: list[tuple[list[int], int]], pin: bool = False) -
     (a CUDA graph's fixed input layout; size = len(list): no padding); pinned when `pin`, for one
     non-blocking copy of the whole batch's metadata.
 
-    Going through array.array is ~4x faster than torch.tensor(list) for the thousands of ids of
-    a batch: on a lone request that is host time the GPU waits for.
+    Going through array.array, not torch.tensor(list) (which converts element by element), for
+    the thousands of ids of a batch: on a lone request that is host time the GPU waits for
+    (docs/ARCHITECTURE.md, "CUDA graphs").
     """
     out = array.array("q")
     for values, size in parts:

@@ -28,7 +28,8 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> 
         state.pop("lm_head.weight", None)
     # Old checkpoints store RoPE frequencies; we compute them from the config.
     state = _pack({k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")})
-    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    tied_head = cfg.tie_word_embeddings
+    expected = {k for k in model.state_dict() if not (tied_head and k == "lm_head.weight")}
     missing, unexpected = expected - state.keys(), state.keys() - expected
     if missing or unexpected:
         raise ModelFolderError(

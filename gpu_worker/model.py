@@ -116,8 +116,8 @@ class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         # Given an (uninitialised) weight, nn.Embedding skips its random init: the loader builds
-        # the model on the meta device, where normal_ imports torch._dynamo (2.5-4 s of a
-        # replica's start; measured in docs/BENCHMARKS.md). The loader assigns the real weights.
+        # the model on the meta device, where normal_ imports torch._dynamo (seconds of a
+        # replica's start). The loader assigns the real weights.
         self.embed_tokens = nn.Embedding(
             cfg.vocab_size, cfg.hidden_size,
             _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))

@@ -1,7 +1,8 @@
 """Element-wise ops of the decoder in two implementations with one interface.
 
 `TorchOps` follows HF's order of operations exactly (CPU, CI, and the GPU reference).
-`CudaOps` uses fused GPU kernels, imported lazily: our Triton kernels for residual-add + RMSNorm
+`CudaOps` uses fused GPU kernels, imported once when it is built (so CPU-only hosts never import
+them, and no layer runs an import statement): our Triton kernels for residual-add + RMSNorm
 with an fp32 residual (gpu_worker/add_norm_kernel.py; FlashInfer's when the residual is bf16) and
 for q/k norm + RoPE in place (gpu_worker/qkv_kernel.py), the gate/up GEMM with SwiGLU fused for
 large batches (gpu_worker/gate_up_silu_kernel.py), and FlashInfer's RMSNorm and SiLU-and-mul.
@@ -96,49 +97,53 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-# Batches from this many tokens run the fused gate/up GEMM. On an H100 it took 1.3-1.7x the time
-# of cuBLAS + silu_and_mul at 2-4k rows and 0.87-1.05x from 6k rows (docs/BENCHMARKS.md).
+# Batches from this many tokens run the fused gate/up GEMM; below it cuBLAS + silu_and_mul is
+# faster (docs/ARCHITECTURE.md, "Engine").
 FUSED_GATE_UP_MIN_TOKENS = 8192
 
 
 class CudaOps:
     def __init__(self, cfg: ModelConfig, device: torch.device, fp32_residual: bool = True,
                  fused_gate_up: bool = True) -> None:
-        import flashinfer  # noqa: F401 - fail early and clearly if it is missing
+        # Imported here, once: a missing flashinfer or triton fails at start-up, clearly.
+        from flashinfer.activation import silu_and_mul
+        from flashinfer.norm import fused_add_rmsnorm, rmsnorm
 
+        from gpu_worker.add_norm_kernel import add_rms_norm_fp32_residual
+        from gpu_worker.qkv_kernel import qkv_prepare
+
+        self._rmsnorm, self._fused_add_rmsnorm = rmsnorm, fused_add_rmsnorm
+        self._add_rms_norm_fp32_residual = add_rms_norm_fp32_residual
+        self._qkv_prepare, self._silu_and_mul = qkv_prepare, silu_and_mul
         self.fp32_residual = fp32_residual
         # The fused kernel loads its tiles by TMA: Hopper (compute capability 9) or newer.
         self.fused_gate_up = fused_gate_up and torch.cuda.get_device_capability(device)[0] >= 9
+        if self.fused_gate_up:  # its module needs a triton with TMA descriptors
+            from gpu_worker.gate_up_silu_kernel import gate_up_silu
+
+            self._gate_up_silu = gate_up_silu
         if cfg.head_dim & (cfg.head_dim - 1):  # the Triton kernel's tile is head_dim wide
             raise ValueError(f"head_dim {cfg.head_dim} is not a power of two")
         self.cos_sin_cache = _rope_cache(cfg, device)
 
     def rms_norm(self, x, weight, eps):
-        from flashinfer.norm import rmsnorm
-
         shape = x.shape
-        return rmsnorm(x.reshape(-1, shape[-1]), weight, eps).view(shape)
+        return self._rmsnorm(x.reshape(-1, shape[-1]), weight, eps).view(shape)
 
     def add_rms_norm(self, x, residual, weight, eps):
         # Both in place: residual += x, then x = rms_norm(residual).
         if residual.dtype == torch.float32 and x.dtype != torch.float32:
-            from gpu_worker.add_norm_kernel import add_rms_norm_fp32_residual
-
-            return add_rms_norm_fp32_residual(x, residual, weight, eps)
-        from flashinfer.norm import fused_add_rmsnorm
-
-        fused_add_rmsnorm(x, residual, weight, eps)
+            return self._add_rms_norm_fp32_residual(x, residual, weight, eps)
+        self._fused_add_rmsnorm(x, residual, weight, eps)
         return x, residual
 
     def start_residual(self, x: torch.Tensor) -> torch.Tensor:
-        # An fp32 residual stream is more exact for a few % of speed (gpu_worker/add_norm_kernel.py).
+        # An fp32 residual stream is more exact, a little slower (gpu_worker/add_norm_kernel.py).
         return x.float() if self.fp32_residual else x
 
     def prepare_qkv(self, qkv, positions, attn):
-        from gpu_worker.qkv_kernel import qkv_prepare
-
         has_norm = attn.q_norm is not None
-        return qkv_prepare(
+        return self._qkv_prepare(
             qkv, positions, self.cos_sin_cache, attn.num_heads, attn.num_kv_heads,
             attn.head_dim, attn.q_norm.weight if has_norm else None,
             attn.k_norm.weight if has_norm else None,
@@ -147,9 +152,5 @@ class CudaOps:
 
     def gate_up_silu(self, x, weight):
         if self.fused_gate_up and x.shape[0] >= FUSED_GATE_UP_MIN_TOKENS:
-            from gpu_worker.gate_up_silu_kernel import gate_up_silu
-
-            return gate_up_silu(x, weight)
-        from flashinfer.activation import silu_and_mul
-
-        return silu_and_mul(F.linear(x, weight))
+            return self._gate_up_silu(x, weight)
+        return self._silu_and_mul(F.linear(x, weight))

@@ -4,8 +4,8 @@ Per token it normalises each q and k head (Qwen3's q_norm / k_norm; skipped for 
 applies RoPE at the token's packed position from an fp32 cos/sin cache (rotate-half
 convention), writing back into the same [T, (Hq + 2 Hk) D] buffer. q, k and v are then strided
 views of that buffer, and k and v share one stride, as FlashInfer's paged kernel wants. This
-replaces two strided copies, two RMSNorm launches and a RoPE launch per layer (measured on an
-H100: the RMSNorm kernels on 128-wide rows alone took a quarter of the step). GPU only.
+replaces two strided copies, two RMSNorm launches and a RoPE launch per layer with one kernel
+(docs/ARCHITECTURE.md, "Engine": the fused element-wise ops). GPU only.
 """
 
 from __future__ import annotations

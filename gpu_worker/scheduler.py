@@ -5,6 +5,9 @@ finishes the previous batch (docs/ARCHITECTURE.md, "The scheduler"): the device 
 N+1 while the host reads batch N's results. With overlap=False the same code finishes every
 batch right after launching it. `run_job` is the replica's event-loop side: admission against
 the queued-token limit, then one future per sequence, settled from the loop thread.
+
+Tasks, their callbacks, cancellation and clocks live here; the engine it drives (`BatchEngine`,
+gpu_worker/engine.py) sees only packed sequences and label ids. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -15,14 +18,71 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from gpu_worker.engine import DoneCallback, Engine, ScoreTask, Step
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
-from ranker_contract.packing import ScoredJob, ScoreJob
+from ranker_contract.packing import PackedSequence, ScoredJob, ScoreJob
 
 logger = logging.getLogger(__name__)
+
+# Receives a task's result (items × labels log-probs) or the exception that failed it.
+DoneCallback = Callable[[list[list[float]] | BaseException], None]
+
+
+class BatchEngine(Protocol):
+    """The device side the loop drives (gpu_worker/engine.py::Engine; tests use a fake)."""
+
+    def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
+               *, overlapped: bool = False) -> Any:
+        """Queue one batch without waiting for it; returns its step."""
+
+    def finish(self, step: Any) -> list[list[list[float]]]:
+        """Wait for a launched step: per sequence, one row of label log-probs per item."""
+
+
+@dataclass(slots=True)
+class ScoreTask:
+    """One packed sequence waiting to be scored, with its request's label ids."""
+
+    sequence: PackedSequence
+    label_ids: list[int]
+    on_done: DoneCallback
+    # True once nobody waits for the result (the caller went away): the loop drops the task.
+    cancelled: Callable[[], bool] = lambda: False
+    arrived: float = field(default_factory=time.monotonic)  # for the queue-wait bound
+    launched: float = 0.0  # time.monotonic() when its batch was launched (set by the scheduler)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.sequence.num_tokens
+
+
+@dataclass(slots=True)
+class Load:
+    """Tokens and sequences in one state (queued, or in flight)."""
+
+    tokens: int = 0
+    sequences: int = 0
+
+    def add(self, tokens: int, sequences: int) -> None:
+        self.tokens += tokens
+        self.sequences += sequences
+
+    def remove(self, tokens: int, sequences: int) -> None:
+        self.tokens -= tokens
+        self.sequences -= sequences
+
+
+@dataclass(slots=True)
+class _Launched:
+    """A batch on the device: the engine's step, and the tasks it settles."""
+
+    step: Any
+    tasks: list[ScoreTask]
+    started: float  # time.perf_counter() at its launch, for BatchRecord.seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +105,15 @@ class BatchRecord:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, cfg: SchedulerConfig) -> None:
-        """`cfg.max_batch_tokens` is the resolved budget here (Engine.batch_token_budget)."""
+    def __init__(self, engine: BatchEngine, cfg: SchedulerConfig,
+                 batch_token_budget: int) -> None:
+        """`batch_token_budget`: tokens per batch, resolved from the YAML's cap
+        (`cfg.max_batch_tokens`, 0 = from free memory) by Engine.measure_budget."""
+        if batch_token_budget <= 0:
+            raise ValueError(f"batch_token_budget must be a resolved token count (> 0), not "
+                             f"{batch_token_budget}")
         self.engine = engine
-        self.max_batch_tokens = cfg.max_batch_tokens
+        self.batch_token_budget = batch_token_budget
         self.max_batch_sequences = cfg.max_batch_sequences
         self.overlap = cfg.overlap
         self.max_queued_tokens = cfg.max_queued_tokens
@@ -58,16 +123,16 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="score-loop", daemon=True)
         self._lock = threading.Lock()  # guards the counters below
-        self._queued = [0, 0]  # tokens, sequences submitted and not yet launched
-        self._inflight = [0, 0]  # tokens, sequences launched and not yet finished
+        self._queued = Load()  # submitted and not yet launched
+        self._inflight = Load()  # launched and not yet finished
         self.batches_run = 0
         self.cancelled_dropped = 0  # tasks skipped because their caller went away
         self.expired_dropped = 0  # tasks answered "overloaded": they waited past max_queue_wait_s
         # Tokens turned away (admission) or expired in the queue: demand the autoscaler must
         # still see, or shedding would hide the load that should add a replica.
         self.refused_tokens = 0
-        # Tokens of finished batches: the autoscaler compares their rate with the engine's
-        # measured capacity, a share that rises with the load before any queue forms.
+        # Tokens of finished batches: the autoscaler compares their rate with the capacity the
+        # warm-up probe measured, a share that rises with the load before any queue forms.
         self.tokens_computed = 0
         # Finished batches for a metrics reader to drain; bounded so nobody reading costs nothing.
         self.batch_log: collections.deque[BatchRecord] = collections.deque(maxlen=4096)
@@ -76,9 +141,9 @@ class Scheduler:
         """Thread-safe. The tasks reach the loop together, so a job's sequences that fit one
         batch are launched in one (the loop never wakes to a part of them). Each task's on_done
         runs on the loop thread."""
+        tokens = sum(t.num_tokens for t in tasks)
         with self._lock:
-            self._queued[0] += sum(t.num_tokens for t in tasks)
-            self._queued[1] += len(tasks)
+            self._queued.add(tokens, len(tasks))
         self._incoming.put(tasks)
 
     async def run_job(self, job: ScoreJob) -> ScoredJob:
@@ -132,10 +197,11 @@ class Scheduler:
 
     def depth(self) -> QueueDepth:
         with self._lock:
-            return QueueDepth(*self._queued, *self._inflight)
+            return QueueDepth(self._queued.tokens, self._queued.sequences,
+                              self._inflight.tokens, self._inflight.sequences)
 
     def _run(self) -> None:
-        inflight: tuple[Step, float] | None = None  # a launched batch and its launch time
+        inflight: _Launched | None = None
         while not self._stop.is_set():
             self._admit(block=inflight is None and not self._waiting)
             launched = None
@@ -143,13 +209,13 @@ class Scheduler:
             if batch:
                 launched = self._launch(batch, overlapped=inflight is not None)
                 if launched is not None and not self.overlap:
-                    self._finish(*launched)
+                    self._finish(launched)
                     launched = None
             if inflight is not None:
-                self._finish(*inflight)
+                self._finish(inflight)
             inflight = launched
         if inflight is not None:
-            self._finish(*inflight)
+            self._finish(inflight)
         self._fail_all_waiting(RuntimeError("the scorer replica is shutting down"))
 
     def _admit(self, block: bool) -> None:
@@ -181,48 +247,48 @@ class Scheduler:
                     f"{self.max_queue_wait_s:g} s)"))
                 continue
             # A task bigger than the whole budget still runs, alone.
-            if batch and tokens + task.num_tokens > self.max_batch_tokens:
+            if batch and tokens + task.num_tokens > self.batch_token_budget:
                 break
             batch.append(self._waiting.popleft())
             tokens += task.num_tokens
         if batch:
             with self._lock:
-                self._queued[0] -= tokens
-                self._queued[1] -= len(batch)
-                self._inflight[0] += tokens
-                self._inflight[1] += len(batch)
+                self._queued.remove(tokens, len(batch))
+                self._inflight.add(tokens, len(batch))
         return batch
 
     def _drop_first(self) -> None:
         task = self._waiting.popleft()
         with self._lock:
-            self._queued[0] -= task.num_tokens
-            self._queued[1] -= 1
+            self._queued.remove(task.num_tokens, 1)
 
-    def _launch(self, batch: list[ScoreTask], overlapped: bool) -> tuple[Step, float] | None:
+    def _launch(self, batch: list[ScoreTask], overlapped: bool) -> _Launched | None:
         started = time.perf_counter()
         launched = time.monotonic()
         for task in batch:
             task.launched = launched
         try:
-            return self.engine.launch(batch, overlapped=overlapped), started
+            step = self.engine.launch([t.sequence for t in batch], [t.label_ids for t in batch],
+                                      overlapped=overlapped)
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop
             logger.exception("launching a batch of %d sequences failed", len(batch))
             self._record(batch, started, exc)
             self._settle(batch, exc)
             return None
+        return _Launched(step, batch, started)
 
-    def _finish(self, step: Step, started: float) -> None:
+    def _finish(self, launched: _Launched) -> None:
+        tasks = launched.tasks
         try:
-            results = self.engine.finish(step)
+            results = self.engine.finish(launched.step)
         except Exception as exc:  # noqa: BLE001
-            logger.exception("finishing a batch of %d sequences failed", len(step.tasks))
-            self._record(step.tasks, started, exc)
-            self._settle(step.tasks, exc)
+            logger.exception("finishing a batch of %d sequences failed", len(tasks))
+            self._record(tasks, launched.started, exc)
+            self._settle(tasks, exc)
             return
         self.batches_run += 1
-        self._record(step.tasks, started, None)
-        self._settle(step.tasks, results)
+        self._record(tasks, launched.started, None)
+        self._settle(tasks, results)
 
     def _record(self, tasks: list[ScoreTask], started: float, exc: Exception | None) -> None:
         self.batch_log.append(BatchRecord(
@@ -236,8 +302,7 @@ class Scheduler:
     def _settle(self, tasks: list[ScoreTask], outcome: list | BaseException) -> None:
         tokens = sum(t.num_tokens for t in tasks)
         with self._lock:
-            self._inflight[0] -= tokens
-            self._inflight[1] -= len(tasks)
+            self._inflight.remove(tokens, len(tasks))
             if not isinstance(outcome, BaseException):
                 self.tokens_computed += tokens
         for i, task in enumerate(tasks):
@@ -255,9 +320,8 @@ class Scheduler:
         tasks = list(self._waiting)
         self._waiting.clear()
         with self._lock:
-            self._queued = [0, 0]
-            self._inflight[0] += sum(t.num_tokens for t in tasks)
-            self._inflight[1] += len(tasks)
+            self._queued = Load()
+            self._inflight.add(sum(t.num_tokens for t in tasks), len(tasks))
         self._settle(tasks, exc)
 
 

@@ -44,7 +44,8 @@ class EngineConfig(_Settings):
         "torch", description="element-wise kernels: torch (HF's order) or cuda (fused, GPU)")
     flashinfer_backend: Literal["fa2", "fa3"] = Field(
         "fa2", description="fa2 measured faster for multi-item attention")
-    fp32_residual: bool = Field(True, description="ops cuda: fp32 residual stream (~4% slower)")
+    fp32_residual: bool = Field(True, description="ops cuda: fp32 residual stream (more exact, "
+                                "a little slower)")
     fused_gate_up: bool = Field(True, description="ops cuda, Hopper or newer: large batches run "
                                 "gate_up + SwiGLU as one GEMM (same output, fewer passes)")
     torch_threads: int = Field(0, ge=0, description="CPU only; 0 = one per core")
@@ -59,16 +60,22 @@ class EngineConfig(_Settings):
         for name, gpu_only in (("attention", "flashinfer"), ("ops", "cuda")):
             if getattr(self, name) == gpu_only and self.device != "cuda":
                 raise ValueError(f"{name} {gpu_only!r} needs device 'cuda'")
-        if self.cuda_graphs and (self.attention, self.ops) != ("flashinfer", "cuda"):
-            raise ValueError("cuda_graphs needs attention 'flashinfer' and ops 'cuda'")
+        if self.cuda_graphs and self.ops != "cuda":
+            # TorchOps copies its RoPE table to the device in every forward: not capturable.
+            raise ValueError(f"engine.cuda_graphs: true needs engine.ops 'cuda', not "
+                             f"{self.ops!r} (its CPU-to-CUDA copies cannot be captured)")
+        if self.cuda_graphs and self.attention != "flashinfer":
+            raise ValueError("engine.cuda_graphs: true needs engine.attention 'flashinfer'")
         if any(b <= 0 for b in self.cuda_graph_buckets):
             raise ValueError("cuda_graph_buckets must be positive token counts")
         return self
 
 
 class SchedulerConfig(_Settings):
-    max_batch_tokens: int = Field(8192, ge=0, description="tokens per forward across requests; "
-                                  "0: derived from free GPU memory")
+    # A cap: the scorer measures free memory and passes the resolved count to its Scheduler as
+    # batch_token_budget (Engine.measure_budget).
+    max_batch_tokens: int = Field(8192, ge=0, description="cap on tokens per forward across "
+                                  "requests; 0: derived from free GPU memory alone")
     max_batch_sequences: int = Field(256, gt=0)
     overlap: bool = Field(True, description="launch batch N+1 before finishing batch N")
     max_queued_tokens: int = Field(0, ge=0, description="per replica; a job beyond → 503; "

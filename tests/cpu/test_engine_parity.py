@@ -2,19 +2,23 @@
 
 Every model family we serve, and the real default model, is scored as plain sequences, as one
 multi-item sequence, and as a mixed batch; each label log-prob must match
-`log_softmax(hf(query + item).logits[0, -1])` over the full vocabulary within 1e-4.
+`log_softmax(hf(query + item).logits[0, -1])` over the full vocabulary within 1e-4. Last, the
+engine through the scheduling loop scores like the engine alone.
 """
 
 from __future__ import annotations
 
+import queue
 import random
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
-from gpu_worker.engine import Engine, ScoreTask
-from ranker_contract.packing import pack_multi_item, pack_plain
+from gpu_worker.engine import Engine
+from gpu_worker.scheduler import Scheduler, ScoreTask
+from ranker_contract.config import SchedulerConfig
+from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 
 TOL = 1e-4
 # Keys of conftest.TINY_FAMILIES: every architecture variant the loader must handle.
@@ -112,10 +116,58 @@ def test_mixed_batch_matches_hf(case: Case):
         # item_first: item + query as its own plain causal sequence
         (pack_plain(case.items[2] + case.query, 0), one_label, [case.items[2] + case.query]),
     ]
-    tasks = [ScoreTask(seq, labels, on_done=lambda _: None) for seq, labels, _ in jobs]
-    results = case.engine.finish(case.engine.launch(tasks))
+    step = case.engine.launch([seq for seq, _, _ in jobs], [labels for _, labels, _ in jobs])
+    results = case.engine.finish(step)
     assert len(results) == len(jobs)
     for j, ((_, labels, refs), rows) in enumerate(zip(jobs, results, strict=True)):
         assert len(rows) == len(refs)
         for k, (row, ref_tokens) in enumerate(zip(rows, refs, strict=True)):
             assert_close(row, case.hf_logprobs(ref_tokens, labels), f"sequence {j} item {k}")
+
+
+def _loop_sequences() -> list[PackedSequence]:
+    """Eight requests' worth of sequences, 17 to 65 tokens, plain and multi-item mixed."""
+    rng = random.Random("scheduler")
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(512) for _ in range(n)]
+
+    seqs = []
+    for k in range(8):
+        if k % 3 == 2:
+            seqs.append(pack_plain(toks(13 + 2 * k), 0))
+        else:
+            items = [toks(rng.randrange(0, 12)) for _ in range(1 + k % 4)]
+            seqs.append(pack_multi_item(toks(20 + 3 * k), items, delimiter_id=1))
+    return seqs
+
+
+def _through_the_loop(engine: Engine, sequences: list[PackedSequence], labels: list[int],
+                      overlap: bool) -> tuple[list, int]:
+    """Every sequence queued before the loop starts (so the batches are the same in every run):
+    results in submission order, and the number of batches."""
+    done: queue.Queue = queue.Queue()
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch_sequences=3, overlap=overlap),
+                          batch_token_budget=120)
+    for i, seq in enumerate(sequences):
+        scheduler.submit(ScoreTask(seq, labels, lambda result, i=i: done.put((i, result))))
+    scheduler.start()
+    try:
+        results = dict(done.get(timeout=30) for _ in sequences)
+    finally:
+        scheduler.stop()
+    return [results[i] for i in range(len(sequences))], scheduler.batches_run
+
+
+def test_the_loop_scores_like_the_engine_alone(tiny_checkpoint, engine_for, score_sequences):
+    """The real engine in the scheduling loop: overlap and synchronous give the same floats over
+    several batches, and each sequence scores as it does launched alone."""
+    engine, labels, sequences = engine_for(tiny_checkpoint("llama")), [0, 5, 511], _loop_sequences()
+    (overlapped, batches), (synchronous, batches_sync) = (
+        _through_the_loop(engine, sequences, labels, overlap) for overlap in (True, False))
+    assert batches == batches_sync > 1  # several batches, so overlap really overlapped
+    assert overlapped == synchronous  # exact floats
+    alone = [score_sequences(engine, [seq], labels)[0] for seq in sequences]
+    for got, want in zip(overlapped, alone, strict=True):
+        assert len(got) == len(want)
+        assert max(abs(a - b) for ra, rb in zip(got, want) for a, b in zip(ra, rb)) <= 1e-5

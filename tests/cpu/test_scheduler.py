@@ -1,4 +1,6 @@
-"""The scheduling loop on a real Engine (tiny Llama): batching, overlap, isolation of failures.
+"""The scheduling loop on a fake engine (tests/cpu/fake_engine.py): batching, overlap, isolation
+of failures, cancellation, the queue-wait bound. The real engine through the loop is tested in
+test_engine_parity.py.
 
 Tasks are submitted before start() wherever batch composition matters: the loop then admits them
 all on its first turn and composes the same batches every run.
@@ -9,41 +11,24 @@ from __future__ import annotations
 import asyncio
 import queue
 import random
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from gpu_worker.engine import Engine, ScoreTask, Step
-from gpu_worker.scheduler import QueueDepth, Scheduler
+from gpu_worker.scheduler import QueueDepth, Scheduler, ScoreTask
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import PackedSequence, ScoreJob, pack_multi_item, pack_plain
+from tests.cpu.fake_engine import FakeEngine, fake_scores
 
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30.0
 LABELS = [0, 5, 511]
 IDLE = QueueDepth(0, 0, 0, 0)
-
-
-class SpyEngine(Engine):
-    """Records each launched batch (as sequence indices) and fails batches holding a poisoned
-    sequence, the way a device error would."""
-
-    def __init__(self, base: Engine, poisoned: tuple[PackedSequence, ...] = ()) -> None:
-        super().__init__(base.model, base.device)
-        self.poisoned = {id(seq) for seq in poisoned}
-        self.batches: list[list[int]] = []  # ids of the sequences in each launched batch
-
-    def launch(self, tasks: list[ScoreTask], *, overlapped: bool = False) -> Step:
-        self.batches.append([id(t.sequence) for t in tasks])
-        if any(id(t.sequence) in self.poisoned for t in tasks):
-            raise RuntimeError("poisoned batch")
-        return super().launch(tasks, overlapped=overlapped)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_checkpoint, engine_for) -> Engine:
-    return engine_for(tiny_checkpoint("llama"))
 
 
 @pytest.fixture(scope="module")
@@ -102,47 +87,72 @@ def run_all(scheduler: Scheduler, seqs: list[PackedSequence]) -> list:
     return [results[i] for i in range(len(seqs))]
 
 
-def test_overlap_equals_synchronous_bitwise(engine, sequences, score_sequences):
+def launch_before_finish(batches: int) -> list[tuple[str, int]]:
+    """The overlap loop's order: batch N+1 is launched before batch N is finished."""
+    events = [("launch", 0)]
+    for n in range(1, batches):
+        events += [("launch", n), ("finish", n - 1)]
+    return events + [("finish", batches - 1)]
+
+
+def test_the_scheduler_imports_no_torch():
+    code = "import gpu_worker.scheduler, sys; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_overlap_equals_synchronous(sequences):
     runs = {}
     for overlap in (True, False):
-        scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=120, max_batch_sequences=3,
-                                                      overlap=overlap))
-        runs[overlap] = (run_all(scheduler, sequences), scheduler.batches_run)
-    assert runs[True][1] == runs[False][1] > 1  # several batches, so overlap really overlapped
-    assert runs[True][0] == runs[False][0]  # exact floats
+        fake = FakeEngine()
+        scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=3, overlap=overlap),
+                              batch_token_budget=120)
+        runs[overlap] = (run_all(scheduler, sequences), scheduler.batches_run, fake)
+    (overlapped, n, fake_overlap), (synchronous, n_sync, fake_sync) = runs[True], runs[False]
+    assert n == n_sync > 1  # several batches, so overlap really overlapped
+    assert fake_overlap.batches == fake_sync.batches
+    assert fake_overlap.events == launch_before_finish(n)
+    assert fake_sync.events == [(kind, k) for k in range(n) for kind in ("launch", "finish")]
+    # A launch is `overlapped` exactly when another batch is still on the device.
+    assert fake_overlap.overlapped == [False] + [True] * (n - 1)
+    assert fake_sync.overlapped == [False] * n
+    assert overlapped == synchronous
     # ...and each result belongs to its own task (a mix-up would give equal but wrong results).
-    alone = [score_sequences(engine, [seq], LABELS)[0] for seq in sequences]
-    for got, want in zip(runs[True][0], alone, strict=True):
-        assert len(got) == len(want)
-        assert max(abs(a - b) for ra, rb in zip(got, want) for a, b in zip(ra, rb)) <= 1e-5
+    assert overlapped == [fake_scores(seq, LABELS) for seq in sequences]
 
 
-def test_batches_across_requests(engine, sequences):
-    spy = SpyEngine(engine)
-    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=5))
+def test_batches_across_requests(sequences):
+    fake = FakeEngine()
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=5), batch_token_budget=10_000)
     run_all(scheduler, sequences)
-    assert [len(b) for b in spy.batches] == [5, 3]
+    assert [len(b) for b in fake.batches] == [5, 3]
     assert scheduler.batches_run == 2 < len(sequences)
 
 
-def test_task_larger_than_budget_runs_alone(engine, sequences, score_sequences):
+def test_task_larger_than_budget_runs_alone(sequences):
     small = [seq for seq in sequences if seq.num_tokens <= 40][:3]
     big = max(sequences, key=lambda s: s.num_tokens)
     budget = 60
     assert big.num_tokens > budget and len(small) == 3
-    spy = SpyEngine(engine)
+    fake = FakeEngine()
     order = [small[0], big, small[1], small[2]]
-    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=budget, max_batch_sequences=8))
+    # The YAML's cap (max_batch_tokens) is not the budget: the resolved one is passed apart.
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_tokens=0, max_batch_sequences=8),
+                          batch_token_budget=budget)
     results = run_all(scheduler, order)
     # The big task neither joins the batch before it nor takes the small ones after it along.
-    assert spy.batches == [[id(small[0])], [id(big)], [id(small[1]), id(small[2])]]
-    assert results[1] == score_sequences(engine, [big], LABELS)[0]
+    assert fake.batches == [[id(small[0])], [id(big)], [id(small[1]), id(small[2])]]
+    assert results[1] == fake_scores(big, LABELS)
 
 
-def test_failed_launch_fails_only_its_batch(engine, sequences):
+def test_the_budget_must_be_resolved():
+    with pytest.raises(ValueError, match="batch_token_budget"):
+        Scheduler(FakeEngine(), SchedulerConfig(max_batch_tokens=0), batch_token_budget=0)
+
+
+def test_failed_launch_fails_only_its_batch(sequences):
     poisoned = sequences[1]
-    spy = SpyEngine(engine, poisoned=(poisoned,))
-    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=2))
+    fake = FakeEngine(poisoned=(poisoned,))
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=2), batch_token_budget=10_000)
     collector = Collector()
     for i, seq in enumerate(sequences[:4]):  # batches [0, 1*] and [2, 3]
         scheduler.submit(ScoreTask(seq, LABELS, collector.callback(i)))
@@ -170,9 +180,9 @@ def test_failed_launch_fails_only_its_batch(engine, sequences):
         scheduler.stop()
 
 
-def test_cancelled_task_is_dropped_unscored(engine, sequences):
-    spy = SpyEngine(engine)
-    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=64))
+def test_cancelled_task_is_dropped_unscored(sequences):
+    fake = FakeEngine()
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=64), batch_token_budget=10_000)
     collector = Collector()
     gone = threading.Event()
     gone.set()  # the caller of task 1 went away before the loop reached it
@@ -183,7 +193,7 @@ def test_cancelled_task_is_dropped_unscored(engine, sequences):
     try:
         results = collector.wait(2)
         assert set(results) == {0, 2}
-        assert [id(sequences[1]) in batch for batch in spy.batches] == [False] * len(spy.batches)
+        assert [id(sequences[1]) in batch for batch in fake.batches] == [False] * len(fake.batches)
         assert scheduler.cancelled_dropped == 1
         assert scheduler.depth() == IDLE
         assert collector.done.empty()  # no callback for the dropped task
@@ -191,12 +201,35 @@ def test_cancelled_task_is_dropped_unscored(engine, sequences):
         scheduler.stop()
 
 
-def test_task_waiting_past_the_queue_bound_is_refused_not_computed(engine, sequences):
+def test_a_launched_task_runs_to_the_end_and_counts_in_flight(sequences):
+    """While its batch is on the device a task counts as in flight; a caller going away then no
+    longer stops it, and its result is still delivered."""
+    fake = FakeEngine()
+    fake.hold()
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=64, overlap=False),
+                          batch_token_budget=10_000)
+    collector = Collector()
+    gone = threading.Event()
+    scheduler.submit(ScoreTask(sequences[0], LABELS, collector.callback(0), gone.is_set))
+    scheduler.start()
+    try:
+        assert fake.finishing.wait(TIMEOUT_S)  # launched, held on the "device"
+        assert scheduler.depth() == QueueDepth(0, 0, sequences[0].num_tokens, 1)
+        gone.set()
+        fake.release()
+        assert collector.wait(1) == {0: fake_scores(sequences[0], LABELS)}
+        assert scheduler.depth() == IDLE and scheduler.cancelled_dropped == 0
+    finally:
+        fake.release()
+        scheduler.stop()
+
+
+def test_task_waiting_past_the_queue_bound_is_refused_not_computed(sequences):
     """A task that arrived 10 s ago with a 5 s bound is answered ScorerOverloaded and never
     launched; a fresh task behind it is scored. Arrival times are set, not waited for."""
-    spy = SpyEngine(engine)
-    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=8,
-                                               max_queue_wait_s=5))
+    fake = FakeEngine()
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=8, max_queue_wait_s=5),
+                          batch_token_budget=10_000)
     collector = Collector()
     stale, fresh = sequences[0], sequences[1]
     scheduler.submit(ScoreTask(stale, LABELS, collector.callback(0),
@@ -207,36 +240,38 @@ def test_task_waiting_past_the_queue_bound_is_refused_not_computed(engine, seque
         results = collector.wait(2)
     finally:
         scheduler.stop()
-    assert isinstance(results[0], ScorerOverloaded) and "in the queue (limit 5 s)" in str(results[0])
+    assert isinstance(results[0], ScorerOverloaded)
+    assert "in the queue (limit 5 s)" in str(results[0])
     assert isinstance(results[1], list) and len(results[1]) == fresh.num_items
-    assert spy.batches == [[id(fresh)]]
+    assert fake.batches == [[id(fresh)]]
     assert scheduler.expired_dropped == 1 and scheduler.depth() == IDLE
     assert scheduler.refused_tokens == stale.num_tokens
 
 
-def test_a_jobs_sequences_reach_a_running_loop_together_and_share_one_batch(engine, sequences):
+def test_a_jobs_sequences_reach_a_running_loop_together_and_share_one_batch(sequences):
     """run_job on a started, idle loop: the loop wakes once for the whole job, so a job that
     fits the budget is one batch (a loop woken by its first sequence alone would launch a part).
     The answer says how long the job waited for its launch and how long it computed."""
-    spy = SpyEngine(engine)
-    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=64))
+    fake = FakeEngine()
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=64), batch_token_budget=10_000)
     scheduler.start()
     try:
         scored = asyncio.run(scheduler.run_job(ScoreJob(list(sequences), LABELS)))
     finally:
         scheduler.stop()
-    assert spy.batches == [[id(s) for s in sequences]]
+    assert fake.batches == [[id(s) for s in sequences]]
     assert [len(rows) for rows in scored.results] == [s.num_items for s in sequences]
+    assert scored.results == [fake_scores(s, LABELS) for s in sequences]
     assert scored.queued_s >= 0 and scored.computed_s > 0
 
 
-def test_tokens_computed_count_finished_batches_only(engine, sequences):
+def test_tokens_computed_count_finished_batches_only(sequences):
     """The autoscaler's demand share reads tokens_computed: every token of a scored sequence,
     none of a batch that failed or of a task refused for waiting too long."""
     good, poisoned, stale = sequences[0], sequences[1], sequences[2]
-    spy = SpyEngine(engine, poisoned=(poisoned,))
-    scheduler = Scheduler(spy, SchedulerConfig(max_batch_tokens=10_000, max_batch_sequences=1,
-                                               max_queue_wait_s=5))
+    fake = FakeEngine(poisoned=(poisoned,))
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=1, max_queue_wait_s=5),
+                          batch_token_budget=10_000)
     collector = Collector()
     scheduler.submit(ScoreTask(good, LABELS, collector.callback(0)))
     scheduler.submit(ScoreTask(poisoned, LABELS, collector.callback(1)))

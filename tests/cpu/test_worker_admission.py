@@ -1,32 +1,29 @@
-"""Admission control and health of a scorer replica, without Serve."""
+"""Admission control and health of a scorer replica, without Serve, on a fake engine
+(tests/cpu/fake_engine.py): admission and health do not depend on what the engine computes."""
 
 import asyncio
 
 import pytest
 
 from gpu_worker.deployment import ScoreWorker
-from gpu_worker.engine import Engine, ScoreTask, Step
-from gpu_worker.scheduler import Scheduler
+from gpu_worker.scheduler import Scheduler, ScoreTask
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoreJob, pack_plain
+from tests.cpu.fake_engine import FakeEngine
 
 LABELS = [0, 5]
-LIMITED = SchedulerConfig(max_batch_tokens=1000, max_batch_sequences=8, max_queued_tokens=100)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_checkpoint, engine_for) -> Engine:
-    return engine_for(tiny_checkpoint("llama"))
+LIMITED = SchedulerConfig(max_batch_sequences=8, max_queued_tokens=100)
+BUDGET = 1000  # tokens per batch
 
 
 def _job(tokens: int) -> ScoreJob:
     return ScoreJob([pack_plain(list(range(3, 3 + tokens)), 0)], LABELS)
 
 
-def test_job_past_the_queued_token_limit_is_refused_without_queueing(engine):
+def test_job_past_the_queued_token_limit_is_refused_without_queueing():
     # The loop is not started, so everything submitted stays queued.
-    scheduler = Scheduler(engine, LIMITED)
+    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET)
 
     async def scenario():
         first = asyncio.ensure_future(scheduler.run_job(_job(60)))
@@ -49,8 +46,8 @@ def test_job_past_the_queued_token_limit_is_refused_without_queueing(engine):
         scheduler.stop()
 
 
-def test_job_larger_than_the_limit_gets_in_when_nothing_waits(engine):
-    scheduler = Scheduler(engine, LIMITED)
+def test_job_larger_than_the_limit_gets_in_when_nothing_waits():
+    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET)
     scheduler.start()
     try:
         result = asyncio.run(scheduler.run_job(_job(150)))
@@ -59,20 +56,16 @@ def test_job_larger_than_the_limit_gets_in_when_nothing_waits(engine):
         scheduler.stop()
 
 
-class _DyingEngine(Engine):
-    """Kills the loop thread the way a bug outside the per-batch error handling would."""
-
-    def launch(self, tasks: list[ScoreTask], *, overlapped: bool = False) -> Step:
-        raise SystemExit("loop thread killed")
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_health_check_fails_once_the_loop_thread_died(engine):
+def test_health_check_fails_once_the_loop_thread_died():
     worker = ScoreWorker.func_or_class.__new__(ScoreWorker.func_or_class)
-    worker.scheduler = Scheduler(_DyingEngine(engine.model, engine.device), LIMITED)
+    sequence = _job(5).sequences[0]
+    # SystemExit passes the per-batch error handling: it kills the loop thread, as a bug would.
+    dying = FakeEngine(poisoned=(sequence,), error=SystemExit("loop thread killed"))
+    worker.scheduler = Scheduler(dying, LIMITED, batch_token_budget=BUDGET)
     worker.scheduler.start()
     worker.check_health()  # alive and idle
-    worker.scheduler.submit(ScoreTask(_job(5).sequences[0], LABELS, lambda _: None))
+    worker.scheduler.submit(ScoreTask(sequence, LABELS, lambda _: None))
     worker.scheduler._thread.join(timeout=10)
     with pytest.raises(RuntimeError, match="loop thread died"):
         worker.check_health()

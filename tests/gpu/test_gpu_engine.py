@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from gpu_worker.engine import Engine, ScoreTask
+from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import (LABELS, launch_checking_no_host_sync, run_batch, scheduled,
@@ -86,9 +86,8 @@ def test_overlap_bitwise_equals_sync(fast_engine):
 
 def test_launch_path_has_no_host_sync(fast_engine):
     rng = random.Random(5)
-    tasks = [ScoreTask(pack_multi_item(*_request(rng), 0), LABELS, lambda _: None)
-             for _ in range(4)]
-    step = launch_checking_no_host_sync(fast_engine, tasks)
+    sequences = [pack_multi_item(*_request(rng), 0) for _ in range(4)]
+    step = launch_checking_no_host_sync(fast_engine, sequences)
     assert len(fast_engine.finish(step)) == 4
 
 
@@ -108,6 +107,5 @@ def test_fused_gate_up_equals_unfused_in_a_large_batch(fast_engine):
                 for r1, r2 in zip(s1, s2) for a, b in zip(r1, r2))
     print(f"max |Δ logprob| fused vs unfused gate/up, {len(sequences)} sequences: {worst:.2e}")
     assert worst <= 1e-3
-    step = launch_checking_no_host_sync(
-        fast_engine, [ScoreTask(s, LABELS, lambda _: None) for s in sequences])
+    step = launch_checking_no_host_sync(fast_engine, sequences)
     assert len(fast_engine.finish(step)) == len(sequences)

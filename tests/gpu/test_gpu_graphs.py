@@ -5,9 +5,8 @@ import math
 import random
 
 import pytest
-import torch
 
-from gpu_worker.engine import Engine, ScoreTask
+from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain, pack_request
 from tests.gpu.conftest import (LABELS, launch_checking_no_host_sync, run_batch, scheduled,
@@ -93,9 +92,8 @@ def test_batches_past_the_largest_bucket_run_eagerly(fast_engine, graph_engine):
 
 def test_graph_launch_has_no_host_sync(graph_engine):
     rng = random.Random(14)
-    tasks = [ScoreTask(pack_multi_item(_ids(rng, 120), [_ids(rng, 180)] * 5, 0), LABELS,
-                       lambda _: None)]
-    step = launch_checking_no_host_sync(graph_engine, tasks)
+    sequences = [pack_multi_item(_ids(rng, 120), [_ids(rng, 180)] * 5, 0)]
+    step = launch_checking_no_host_sync(graph_engine, sequences)
     assert len(graph_engine.finish(step)[0]) == 5
 
 
@@ -106,9 +104,9 @@ def test_overlap_loop_with_graphs_equals_sync(fast_engine, graph_engine):
     rng = random.Random(15)
     sequences = [pack_multi_item(_ids(rng, 60), [_ids(rng, 120)] * 5, 0) for _ in range(12)]
 
-    eager = scheduled(fast_engine, sequences, False, max_batch_tokens=2048)
+    eager = scheduled(fast_engine, sequences, False, batch_token_budget=2048)
     for overlap in (True, False):
         lp, p = worst_difference(
-            scheduled(graph_engine, sequences, overlap, max_batch_tokens=2048), eager)
+            scheduled(graph_engine, sequences, overlap, batch_token_budget=2048), eager)
         print(f"overlap={overlap}: graph engine vs eager max |Δ logprob| {lp:.2e}, softmax {p:.2e}")
         assert lp <= 5e-2 and p <= 5e-3

@@ -31,7 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402 - after HF_HUB_OFFLINE
 from tqdm import tqdm  # noqa: E402
 
-from gpu_worker.engine import Engine, ScoreTask  # noqa: E402
+from gpu_worker.engine import Engine  # noqa: E402
 from loadtest import REPO_ROOT, RESULTS_DIR  # noqa: E402
 from loadtest.configs import shipped_app_config  # noqa: E402
 from loadtest.hf_baseline import HFBaseline  # noqa: E402
@@ -45,9 +45,8 @@ Request = tuple[list[int], list[list[int]]]  # query, items
 def engine_scores(
     engine: Engine, batch: list[Request], labels: list[int]
 ) -> list[list[list[float]]]:
-    tasks = [ScoreTask(pack_multi_item(q, items, delimiter_id=0), labels, lambda _: None)
-             for q, items in batch]
-    return engine.finish(engine.launch(tasks))
+    sequences = [pack_multi_item(q, items, delimiter_id=0) for q, items in batch]
+    return engine.finish(engine.launch(sequences, [labels] * len(sequences)))
 
 
 def interleaved(modes: dict, groups: list[list[Request]]) -> list[tuple[str, object]]:

@@ -5,7 +5,7 @@ Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.
        [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
-(Engine.from_config, then the batch budget from Engine.batch_token_budget); --model and --budget
+(Engine.from_config, then the batch budget from Engine.measure_budget); --model and --budget
 (scheduler.max_batch_tokens; the YAML's 32768 by default, the results of 2026-11-21 in
 docs/BENCHMARKS.md used 65536) override it, and each ablation mode changes one engine or
 scheduler setting of it. Workload (loadtest/workload.py, seed 0): per request a 120-token query
@@ -28,19 +28,20 @@ from pathlib import Path
 
 import torch
 
-from gpu_worker.engine import Engine, ScoreTask, Step
-from gpu_worker.scheduler import Scheduler
+from gpu_worker.engine import Engine, Step
+from gpu_worker.scheduler import Scheduler, ScoreTask
 from loadtest import RESULTS_DIR
 from loadtest.configs import shipped_app_config
 from loadtest.hf_baseline import HFBaseline
 from loadtest.workload import RequestFactory, Workload
-from ranker_contract.config import SchedulerConfig
-from ranker_contract.packing import pack_multi_item, pack_plain
+from ranker_contract.config import EngineConfig, SchedulerConfig
+from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 
 CONFIG = "score-gpu.yaml"
 # mode -> the engine settings it changes (the "engine" mode runs the shipped ones)
 ENGINE_ABLATIONS = {
-    "torch_ops": ("torch element-wise ops", {"ops": "torch"}),
+    # CUDA graphs cannot capture torch ops (EngineConfig refuses the pair): eager only
+    "torch_ops": ("torch element-wise ops", {"ops": "torch", "cuda_graphs": False}),
     "bf16_residual": ("bf16 residual stream", {"fp32_residual": False}),
     "fa3": ("fa3 attention", {"flashinfer_backend": "fa3"}),
     "unfused_gate_up": ("gate_up GEMM + silu_and_mul", {"fused_gate_up": False}),
@@ -55,10 +56,11 @@ class StepTimer:
         self.engine = engine
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
-    def launch(self, tasks: list[ScoreTask], *, overlapped: bool = False) -> Step:
+    def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
+               *, overlapped: bool = False) -> Step:
         started, done = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         started.record()
-        step = self.engine.launch(tasks, overlapped=overlapped)
+        step = self.engine.launch(sequences, label_ids_per_sequence, overlapped=overlapped)
         done.record()  # after everything launch() queued, like the step's own `done`
         self.events.append((started, done))
         return step
@@ -72,7 +74,7 @@ class StepTimer:
         return 1 - busy / self.events[0][0].elapsed_time(self.events[-1][1])
 
 
-def run_scheduler(engine: Engine | StepTimer, sequences, cfg: SchedulerConfig,
+def run_scheduler(engine: Engine | StepTimer, sequences, cfg: SchedulerConfig, budget: int,
                   labels: list[int]) -> tuple[float, int]:
     """Seconds to score every sequence through the real scheduling loop, and batches run."""
     done = threading.Semaphore(0)
@@ -83,7 +85,7 @@ def run_scheduler(engine: Engine | StepTimer, sequences, cfg: SchedulerConfig,
             failures.append(result)
         done.release()
 
-    scheduler = Scheduler(engine, cfg)
+    scheduler = Scheduler(engine, cfg, batch_token_budget=budget)
     for seq in sequences:
         scheduler.submit(ScoreTask(seq, labels, on_done))
     torch.cuda.synchronize()
@@ -160,10 +162,10 @@ def main():
     fast = Engine.from_config(args.model, app.engine)
     cfg = fast.model.config
     max_batch_tokens = app.scheduler.max_batch_tokens if args.budget is None else args.budget
-    budget = fast.batch_token_budget(max_batch_tokens, app.limits.max_seq_tokens)
+    budget = fast.measure_budget(max_batch_tokens, app.limits.max_seq_tokens).tokens
     # Offline: every request is queued at once, so the service's queue-wait bound (which would
     # refuse what waits past it) is off here.
-    sched = app.scheduler.model_copy(update={"max_batch_tokens": budget, "max_queue_wait_s": 0})
+    sched = app.scheduler.model_copy(update={"max_queue_wait_s": 0})
     workload = Workload(args.query_len, args.items, args.item_len)
     labels = list(workload.labels)
     factory = RequestFactory(workload, seed=0)
@@ -175,9 +177,9 @@ def main():
 
     def bench(name, engine, sequences, overlap=True, timing=False):
         sched_cfg = sched.model_copy(update={"overlap": overlap})
-        run_scheduler(engine, warm, sched_cfg, labels)  # compile + warm
+        run_scheduler(engine, warm, sched_cfg, budget, labels)  # compile + warm
         timer = StepTimer(engine) if timing else None
-        seconds, batches = run_scheduler(timer or engine, sequences, sched_cfg, labels)
+        seconds, batches = run_scheduler(timer or engine, sequences, sched_cfg, budget, labels)
         idle = timer.idle_share() if timer else None
         results[name] = {"items_per_s": n_items / seconds, "seconds": seconds,
                          "batches": batches, "gpu_idle_share": idle}
@@ -191,7 +193,9 @@ def main():
         bench("one sequence per item", fast, plain)
     for mode, (name, update) in ENGINE_ABLATIONS.items():
         if mode in modes:  # its own engine, built like the shipped one, freed after its run
-            engine = Engine.from_config(args.model, app.engine.model_copy(update=update))
+            # validated: model_copy(update=...) alone would skip EngineConfig's checks
+            ablation = EngineConfig.model_validate(app.engine.model_dump() | update)
+            engine = Engine.from_config(args.model, ablation)
             bench(name, engine, multi)
             del engine
             torch.cuda.empty_cache()
@@ -229,7 +233,7 @@ def main():
                                   "tokens_per_request": tokens_per_request, "labels": labels,
                                   "seed": 0},
         "config": {"file": f"configs/{CONFIG}", "engine": app.engine.model_dump(),
-                   "scheduler": sched.model_dump()},
+                   "scheduler": sched.model_dump() | {"batch_token_budget": budget}},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2, default=str))

@@ -15,6 +15,7 @@ import asyncio
 import multiprocessing
 import time
 
+from loadtest.http_client import make_session, send_schedule
 from loadtest.stats import Outcome
 from loadtest.workload import RequestFactory, Workload, arrival_offsets
 
@@ -22,14 +23,13 @@ START_MARGIN_S = 2.0  # between fixing the shared start time and the first send
 
 
 def _ready() -> bool:
-    import loadtest.loadgen  # noqa: F401  (aiohttp and friends imported before the clock starts)
+    """Run in each child before the clock starts: importing this module there (spawn) has
+    imported aiohttp and friends, so no child spends its first sends on imports."""
     return True
 
 
 def _client(base_url: str, workload: Workload, offsets: list[float], seed: str,
             timeout_s: float, start: float) -> list[tuple[float, float, float, str]]:
-    from loadtest.loadgen import make_session, send_schedule  # in the child: a module, not a cycle
-
     async def go() -> list[Outcome]:
         async with make_session() as session:
             return await send_schedule(session, base_url, offsets, RequestFactory(workload, seed),

@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_worker.engine import Engine, ScoreTask
+from gpu_worker.engine import Engine
 from loadtest import RESULTS_DIR
 from loadtest.configs import shipped_app_config
 from loadtest.workload import RequestFactory, Workload
-from ranker_contract.packing import pack_multi_item, pack_request
+from ranker_contract.packing import PackedSequence, pack_multi_item, pack_request
 
 CONFIG = "score-gpu.yaml"
 # (query tokens, items, tokens per item): the bench shape, a lone item, the no-query shape of
@@ -38,37 +38,38 @@ CONFIG = "score-gpu.yaml"
 SHAPES = [(120, 10, 180), (0, 1, 300), (0, 10, 300), (120, 50, 200), (20, 20, 100)]
 
 
-def measure(engine: Engine, tasks: list[ScoreTask], repeats: int) -> tuple[float, float, float]:
-    """Median wall ms and launch ms of `repeats` lone steps (after 3 warm-up steps), and kernel
-    ms per step."""
+def measure(engine: Engine, batch: tuple[list[PackedSequence], list[list[int]]],
+            repeats: int) -> tuple[float, float, float]:
+    """Median wall ms and launch ms of `repeats` lone steps of `batch` (sequences, label ids per
+    sequence; after 3 warm-up steps), and kernel ms per step."""
     for _ in range(3):
-        engine.finish(engine.launch(tasks))
+        engine.finish(engine.launch(*batch))
     walls, launches = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        step = engine.launch(tasks)
+        step = engine.launch(*batch)
         t1 = time.perf_counter()
         engine.finish(step)
         walls.append((time.perf_counter() - t0) * 1e3)
         launches.append((t1 - t0) * 1e3)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
-            engine.finish(engine.launch(tasks))
+            engine.finish(engine.launch(*batch))
     kernel_us = sum(e.self_device_time_total for e in prof.key_averages())
     return statistics.median(walls), statistics.median(launches), kernel_us / 5 / 1e3
 
 
-def host_profile(engine: Engine, tasks: list[ScoreTask]) -> None:
+def host_profile(engine: Engine, batch: tuple[list[PackedSequence], list[list[int]]]) -> None:
     """Print the functions that take the host time of 20 graph launches."""
     import cProfile
     import pstats
 
     for _ in range(3):
-        engine.finish(engine.launch(tasks))
+        engine.finish(engine.launch(*batch))
     prof = cProfile.Profile()
     for _ in range(20):
         prof.enable()
-        step = engine.launch(tasks)
+        step = engine.launch(*batch)
         prof.disable()
         engine.finish(step)
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
@@ -97,11 +98,11 @@ def main() -> None:
         if not query:
             packings["multi-item"] = [pack_multi_item(query, item_ids, 0)]
         for packing, sequences in packings.items():
-            tasks = [ScoreTask(seq, list(workload.labels), lambda _: None) for seq in sequences]
-            wall_ms, launch_ms, kernel_ms = measure(engine, tasks, args.repeats)
+            batch = (sequences, [list(workload.labels)] * len(sequences))
+            wall_ms, launch_ms, kernel_ms = measure(engine, batch, args.repeats)
             if (args.host_profile and mode == "graphs" and packing == "request"
                     and (query_len, items, item_len) == (0, 10, 300)):
-                host_profile(engine, tasks)
+                host_profile(engine, batch)
             rows.append({"query_len": query_len, "items": items, "item_len": item_len,
                          "mode": mode, "packing": packing, "sequences": len(sequences),
                          "tokens": sum(s.num_tokens for s in sequences),

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_worker.engine import Engine, ScoreTask
+from gpu_worker.engine import Engine
 from loadtest.configs import shipped_app_config
 from loadtest.workload import RequestFactory, Workload
 from ranker_contract.packing import pack_multi_item
@@ -33,14 +33,14 @@ def main():
     engine = Engine.from_config(args.model or app.resolved_model_path(), app.engine)
     workload = Workload(query_len=120, items=10, item_len=180)
     factory = RequestFactory(workload, seed=0)
-    tasks = [ScoreTask(pack_multi_item(*factory.token_ids(), 0), list(workload.labels),
-                       lambda _: None) for _ in range(args.requests)]
+    sequences = [pack_multi_item(*factory.token_ids(), 0) for _ in range(args.requests)]
+    label_ids = [list(workload.labels)] * len(sequences)
     for _ in range(3):
-        engine.finish(engine.launch(tasks))
+        engine.finish(engine.launch(sequences, label_ids))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
-            engine.finish(engine.launch(tasks))
+            engine.finish(engine.launch(sequences, label_ids))
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows,
                                     max_name_column_width=60))
 

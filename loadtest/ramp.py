@@ -5,7 +5,7 @@ Usage: python -m loadtest.ramp --url http://127.0.0.1:8000 --phases 20:5,60:40,9
        [--metrics-url auto] [--query-len 40 --items 4 --item-len 40 --vocab 49152 --text natural]
        [--out docs/results/ramp.json] [--plot docs/results/ramp.png]
 
-`--phases` is DURATION_S:RATE,...; arrivals are Poisson, sent by loadgen's open-loop sender.
+`--phases` is DURATION_S:RATE,...; arrivals are Poisson, sent open-loop (loadtest/http_client.py).
 `--metrics-url auto` reads the port of the newest local Ray session. Plot afterwards with
 `python -m loadtest.plot_timeline ramp.json`.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from loadtest import RESULTS_DIR
 from loadtest.cli_args import add_workload_args, workload_from_args
-from loadtest.loadgen import make_session, send_schedule
+from loadtest.http_client import make_session, send_schedule
 from loadtest.prom import ServiceSample, find_metrics_url, scrape, service_sample
 from loadtest.stats import OK, Outcome, percentile
 from loadtest.workload import RequestFactory, Workload, arrival_offsets

@@ -62,7 +62,7 @@ def main() -> None:
         engine.graphs = CudaGraphs(model, engine.ops, list(app.engine.cuda_graph_buckets),
                                    app.engine.flashinfer_backend, device)
         done("CUDA-graph capture")
-    engine.batch_token_budget(app.scheduler.max_batch_tokens, app.limits.max_seq_tokens)
+    engine.measure_budget(app.scheduler.max_batch_tokens, app.limits.max_seq_tokens)
     done("warm-up probe (kernel compile/load)")
     total = time.perf_counter() - STARTED
     out = {"phases_s": phases, "total_s": round(total, 3), "gpu": torch.cuda.get_device_name(),

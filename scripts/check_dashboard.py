@@ -1,7 +1,7 @@
 """Check the Grafana board docs/grafana/ranker_dashboard.json against a real Prometheus.
 
 Starts the service (`serve run` of configs/score.yaml on the small random model of
-tests/service.py) and a Prometheus that scrapes Ray's service-discovery file
+loadtest/random_model.py) and a Prometheus that scrapes Ray's service-discovery file
 (loadtest/prometheus_server.py); checks the Ray dashboard's Serve API and `serve status` with
 Ray's token authentication on; checks that every counter series the board plots exists at 0
 before any traffic; then sends traffic with bad requests (400, 413), refusals (503: a full scorer
@@ -33,12 +33,13 @@ sys.path.insert(0, str(REPO))
 from gpu_worker.metrics import BATCH_ERROR_TYPES  # noqa: E402
 from loadtest.prom import scrape, service_sample  # noqa: E402
 from loadtest.prometheus_server import find_prometheus, start_prometheus  # noqa: E402
+from loadtest.random_model import make_random_model  # noqa: E402
 from loadtest.ray_dashboard import (auth_token, get, serve_applications,  # noqa: E402
                                     serve_status)
+from loadtest.service import (FAST_METRICS_ENV, small_model_config, start_service,  # noqa: E402
+                              stop_service)
 from loadtest.workload import RequestFactory, Workload  # noqa: E402
 from serve_app.metrics import ERRORS, ROUTES  # noqa: E402
-from tests.service import (FAST_METRICS_ENV, make_small_model, small_model_config,  # noqa: E402
-                           start_service, stop_service)
 
 BOARD = REPO / "docs" / "grafana" / "ranker_dashboard.json"
 VOCAB = 49152  # the small model's (the default model's tokenizer)
@@ -322,7 +323,7 @@ def print_table(rows: list[list[str]]) -> None:
 def main() -> int:
     find_prometheus()  # fail before starting anything when it is missing
     with tempfile.TemporaryDirectory(prefix="small-model-") as model:
-        config = small_model_config(make_small_model(Path(model)))
+        config = small_model_config(make_random_model(Path(model), "small"))
         config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = MAX_QUEUED_TOKENS
         return check(config)
 

@@ -136,9 +136,10 @@ def main() -> int:
     if args.dashboard:
         screenshot(args.dashboard, args.out)
         return 0
-    from tests.service import shipped_config, start_service, stop_service
+    from loadtest.configs import shipped_yaml
+    from loadtest.service import start_service, stop_service
 
-    svc = start_service(shipped_config())
+    svc = start_service(shipped_yaml("score.yaml"))
     try:
         screenshot(svc.dashboard_url(), args.out)
     finally:

@@ -5,8 +5,9 @@ import os
 import httpx
 import pytest
 
-from tests.service import (make_small_model, shipped_config, small_model_config, start_service,
-                           stop_service)
+from loadtest.configs import shipped_yaml
+from loadtest.random_model import make_random_model
+from loadtest.service import small_model_config, start_service, stop_service
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -15,7 +16,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 @pytest.fixture(scope="session")
 def server_url():
     """Base URL of configs/score.yaml served by `serve run` (only the HTTP port is changed)."""
-    service = start_service(shipped_config())
+    service = start_service(shipped_yaml("score.yaml"))
     try:
         yield service.url
     finally:
@@ -31,13 +32,12 @@ def client(server_url):
 @pytest.fixture(scope="session")
 def small_model(tmp_path_factory):
     """A fast random Llama with the default model's tokenizer, for load and fault tests."""
-    return make_small_model(tmp_path_factory.mktemp("small-model"))
-
+    return make_random_model(tmp_path_factory.mktemp("small-model"), "small")
 
 
 @pytest.fixture(scope="module")
 def small_server_url(small_model):
-    """configs/score.yaml on the small random model, max_seq_tokens 1024 (tests/service.py),
+    """configs/score.yaml on the small random model, max_seq_tokens 1024 (loadtest/service.py),
     stopped after the module that uses it (no idle Ray instance beside the load tests):
     a request split into several sequences costs a fraction of a second here, where the real
     model needs 25-40 s of CPU for the 4,097 tokens that split under the shipped 4,096."""

@@ -1,8 +1,8 @@
 """Model fixtures for the engine tests: the real default model and tiny seeded-random checkpoints.
 
-Tiny checkpoints are real HF folders written by transformers' own `save_pretrained`, so loading
-them exercises our loader on exactly what HF writes (tied/untied heads, Qwen2 biases, Qwen3
-q/k-norm, llama3 RoPE scaling in `rope_parameters`).
+Tiny checkpoints are real HF folders written by transformers' own `save_pretrained` (through
+loadtest/random_model.py), so loading them exercises our loader on exactly what HF writes
+(tied/untied heads, Qwen2 biases, Qwen3 q/k-norm, llama3 RoPE scaling in `rope_parameters`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gpu_worker.engine import Engine
+from loadtest.random_model import save_random_model
 from ranker_contract.config import EngineConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -78,12 +79,8 @@ def tiny_checkpoint(tmp_path_factory):
         if family not in made:
             config_cls, extra = TINY_FAMILIES[family]
             config = getattr(transformers, config_cls)(**_TINY_SHAPE, **extra)
-            torch.manual_seed(1234)
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            _randomize(model)
-            path = tmp_path_factory.mktemp(f"tiny_{family}")
-            model.save_pretrained(path)
-            made[family] = path
+            made[family] = save_random_model(tmp_path_factory.mktemp(f"tiny_{family}"), config,
+                                             seed=1234, dtype="float32", reinit=_randomize)
         return made[family]
 
     return make
@@ -129,10 +126,7 @@ def hf_model_for():
 
 def _score_sequences(engine: Engine, sequences, label_ids: list[int]) -> list[list[list[float]]]:
     """One launch of all `sequences` as a batch; per sequence, items × label log-probs."""
-    from gpu_worker.engine import ScoreTask
-
-    tasks = [ScoreTask(seq, list(label_ids), on_done=lambda _: None) for seq in sequences]
-    return engine.finish(engine.launch(tasks))
+    return engine.finish(engine.launch(list(sequences), [list(label_ids)] * len(sequences)))
 
 
 @pytest.fixture(scope="session")

@@ -10,12 +10,13 @@ and never asserts how long scaling took. That figure is a benchmark: `python -m 
 import asyncio
 import time
 
-from loadtest.loadgen import make_session, run_closed_loop
+from loadtest.http_client import make_session
+from loadtest.loadgen import run_closed_loop
 from loadtest.prom import scrape, service_sample
+from loadtest.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
+                              stop_service, wait_until, without_refusals)
 from loadtest.stats import OK
 from loadtest.workload import Workload
-from tests.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
-                           stop_service, wait_until, without_refusals)
 
 WORKLOAD = Workload(query_len=40, items=4, item_len=40, vocab=49152)  # ~200 tokens
 # 12 requests in the service ≈ 2,400 tokens queued or running: with target_tokens_per_replica

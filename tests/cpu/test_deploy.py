@@ -5,6 +5,7 @@ copy what exists."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -15,8 +16,8 @@ import pytest
 import yaml
 
 from ranker_app.check_config import check_config
-from tests.service import REPO
 
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "deploy"))
 import make_rayservice  # noqa: E402  (a script, not a package)
 
@@ -130,6 +131,27 @@ def test_dockerfile_parses_and_copies_what_exists(kind):
         assert "scripts/make_random_model.py" in runs
     else:
         assert "download.pytorch.org/whl/cpu" in runs and "scripts/prepare_model.py" in runs
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_scripts_run_at_build_find_their_imports_in_the_image(kind, tmp_path):
+    # The image holds only what its COPY lines bring (loadtest and tests are .dockerignored):
+    # a script importing anything else fails at `docker build`. `--help` runs its imports.
+    commands = dockerfile.parse_file(str(DOCKERFILES[kind]))
+    for copy in (c for c in commands if c.cmd == "COPY"):
+        for source in copy.value[:-1]:
+            if (REPO / source).is_dir():
+                shutil.copytree(REPO / source, tmp_path / source,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(REPO / source, tmp_path / source)
+    runs = " ".join(" ".join(c.value) for c in commands if c.cmd == "RUN")
+    scripts = re.findall(r"scripts/\w+\.py", runs)
+    assert scripts
+    for script in scripts:
+        out = subprocess.run([sys.executable, script, "--help"], cwd=tmp_path,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, f"{kind}: {script}: {out.stderr[-2000:]}"
 
 
 def test_container_serve_config_is_the_shipped_one_on_all_interfaces(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import httpx
 from transformers import AutoTokenizer
 
-from tests.service import DEFAULT_MODEL
+from loadtest import DEFAULT_MODEL
 
 YES, NO = 10539, 5230
 LABELS = [YES, NO]

@@ -12,11 +12,12 @@ import aiohttp
 import httpx
 import pytest
 
-from loadtest.loadgen import RateConfig, make_session, run_rate
+from loadtest.http_client import make_session
+from loadtest.loadgen import RateConfig, run_rate
 from loadtest.prom import scrape, service_sample
+from loadtest.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
+                              stop_service, wait_until)
 from loadtest.workload import RequestFactory, Workload
-from tests.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
-                           stop_service, wait_until)
 
 MAX_ONGOING, MAX_QUEUED = 12, 4
 SMALL = Workload(query_len=40, items=4, item_len=40, vocab=49152)  # ~200 tokens, one sequence

@@ -21,8 +21,9 @@ import psutil
 import pytest
 import yaml
 
-from tests.service import REPO, deployment, free_port, small_model_config
+from loadtest.service import deployment, free_port, small_model_config
 
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 STARTUP_TIMEOUT_S = 240
 # The GCS declares a SIGKILLed node dead after its health checks fail (~30 s by default).

@@ -12,28 +12,28 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-QWEN3_PATH = REPO / "models" / "qwen3-0.6b-random"
+from loadtest import REPO_ROOT
+from loadtest.random_model import SHAPES
+
+QWEN3_PATH = REPO_ROOT / "models" / SHAPES["0.6b"].folder
 YES, NO = 9454, 2753  # "Yes", "No" in the Qwen3 vocabulary
 LABELS = [YES, NO]
 
 
 def run_batch(engine, sequences, labels=LABELS):
     """One batch of `sequences` through Engine.launch + finish: per sequence, items × labels."""
-    from gpu_worker.engine import ScoreTask
-
-    tasks = [ScoreTask(s, labels, lambda _: None) for s in sequences]
-    return engine.finish(engine.launch(tasks))
+    return engine.finish(engine.launch(sequences, [labels] * len(sequences)))
 
 
-def launch_checking_no_host_sync(engine, tasks):
+def launch_checking_no_host_sync(engine, sequences, labels=LABELS):
     """Engine.launch with torch's sync debug mode on "error" (after a warm-up batch: the first
     plan or JIT may allocate): a host sync on the launch path raises. Returns the Step."""
-    engine.finish(engine.launch(tasks))
+    label_ids = [labels] * len(sequences)
+    engine.finish(engine.launch(sequences, label_ids))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        return engine.launch(tasks)
+        return engine.launch(sequences, label_ids)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -54,16 +54,15 @@ def worst_difference(a, b):
     return lp, p
 
 
-def scheduled(engine, sequences, overlap, max_batch_tokens=4096):
+def scheduled(engine, sequences, overlap, batch_token_budget=4096):
     """Results of `sequences` through the scheduling loop, all queued before it starts (so the
     batches are the same in every run), in submission order."""
-    from gpu_worker.engine import ScoreTask
-    from gpu_worker.scheduler import Scheduler
+    from gpu_worker.scheduler import Scheduler, ScoreTask
     from ranker_contract.config import SchedulerConfig
 
     results = {}
-    scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=max_batch_tokens,
-                                                  max_batch_sequences=64, overlap=overlap))
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch_sequences=64, overlap=overlap),
+                          batch_token_budget=batch_token_budget)
     for i, seq in enumerate(sequences):
         scheduler.submit(ScoreTask(seq, LABELS, lambda r, i=i: results.__setitem__(i, r)))
     scheduler.start()
@@ -92,8 +91,10 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def qwen3_path() -> Path:
     if not (QWEN3_PATH / "config.json").is_file():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "make_random_model.py"),
-                        "--out", str(QWEN3_PATH)], check=True)
+        # In its own process: what initialising it reserves on the GPU would stay in this one's
+        # CUDA allocator and shrink the memory the engines here size their budget from.
+        subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "make_random_model.py"),
+                        "--shape", "0.6b", "--out", str(QWEN3_PATH)], check=True)
     return QWEN3_PATH
 
 

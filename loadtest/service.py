@@ -1,4 +1,5 @@
-"""Start the real app with `serve run` on a variant of a shipped config, for integration tests."""
+"""Start the real app with `serve run` on a variant of a shipped config, for integration tests and
+the checks of scripts/. Failures raise RuntimeError or TimeoutError with the service's log."""
 
 from __future__ import annotations
 
@@ -16,45 +17,23 @@ from typing import Callable
 
 import httpx
 import psutil
-import pytest
 import yaml
 
+from loadtest import DEFAULT_MODEL, REPO_ROOT
+from loadtest.configs import shipped_yaml
 from loadtest.prom import find_metrics_url
 from loadtest.ray_dashboard import dashboard_url, session_dir_of
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = REPO / "models" / "smollm2-135m-instruct"
 STARTUP_TIMEOUT_S = 240
 # Prometheus values every second instead of every ten (Ray system config, read from the env).
 FAST_METRICS_ENV = {"RAY_metrics_report_interval_ms": "1000"}
 
 
-SMALL_MODEL_SHAPE = dict(vocab_size=49152, hidden_size=256, intermediate_size=1024,
-                        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True)
-
-
-def make_small_model(dest: Path) -> Path:
-    """A seeded random Llama of ~10 ms per request on one CPU core, with the default model's
-    real tokenizer: load tests need a replica that saturates quickly, not meaningful scores."""
-    import shutil
-
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    if not (DEFAULT_MODEL / "tokenizer.json").is_file():
-        pytest.fail(f"{DEFAULT_MODEL} is missing: run `python scripts/prepare_model.py`")
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**SMALL_MODEL_SHAPE)).save_pretrained(dest)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(DEFAULT_MODEL / name, dest / name)
-    return dest
-
-
 def small_model_config(model_path) -> dict:
-    """configs/score.yaml pointed at the small model, sized for a 2-core CI machine: one torch
-    thread per scorer and short batches, so one scorer replica saturates at ~20 requests/s."""
-    config = shipped_config()
+    """configs/score.yaml pointed at the small model (loadtest/random_model.py), sized for a
+    2-core CI machine: one torch thread per scorer and short batches, so one scorer replica
+    saturates at ~20 requests/s."""
+    config = shipped_yaml("score.yaml")
     args = config["applications"][0]["args"]
     args.update(model_path=str(model_path), served_model_name="small-random")
     args["engine"]["torch_threads"] = 1
@@ -82,10 +61,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def shipped_config(name: str = "score.yaml") -> dict:
-    return yaml.safe_load((REPO / "configs" / name).read_text())
 
 
 def deployment(config: dict, name: str) -> dict:
@@ -130,7 +105,7 @@ class Service:
 def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Service:
     """`serve run` of `config` (its HTTP port replaced by a free one); healthy when returned."""
     if not (DEFAULT_MODEL / "config.json").is_file():
-        pytest.fail(f"{DEFAULT_MODEL} is missing: run `python scripts/prepare_model.py`")
+        raise RuntimeError(f"{DEFAULT_MODEL} is missing: run `python scripts/prepare_model.py`")
     config = copy.deepcopy(config)
     port = free_port()
     config["http_options"]["port"] = port
@@ -141,7 +116,7 @@ def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Serv
     with open(workdir / "serve.log", "w") as log:
         proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "serve"), "run", str(workdir / "score.yaml")],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
     service = Service(f"http://127.0.0.1:{port}", proc, workdir)
     try:
@@ -154,7 +129,8 @@ def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Serv
 
 def _healthy(service: Service) -> bool:
     if service.proc.poll() is not None:
-        pytest.fail(f"serve run exited ({service.proc.returncode}):\n{service.log[-4000:]}")
+        raise RuntimeError(f"serve run exited ({service.proc.returncode}):\n"
+                           f"{service.log[-4000:]}")
     try:
         return httpx.get(f"{service.url}/health", timeout=5).status_code == 200
     except httpx.HTTPError:
@@ -163,14 +139,15 @@ def _healthy(service: Service) -> bool:
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str,
                service: Service | None = None, every_s: float = 0.5) -> float:
-    """Poll `check` until true; returns the seconds it took. Fails the test on timeout."""
+    """Poll `check` until true; returns the seconds it took. Raises TimeoutError (with the
+    service's log) when it never is."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         if check():
             return time.monotonic() - started
         time.sleep(every_s)
     tail = f":\n{service.log[-4000:]}" if service else ""
-    pytest.fail(f"not {what} after {timeout_s} s{tail}")
+    raise TimeoutError(f"not {what} after {timeout_s} s{tail}")
 
 
 def stop_service(service: Service) -> None:

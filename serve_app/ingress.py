@@ -1,4 +1,4 @@
-"""The ingress deployment: HTTP routes, validation, tokenization, routing to scorer replicas."""
+"""The ingress deployment: HTTP routes, the pipeline they share, routing to scorer replicas."""
 
 # NOTE: no `from __future__ import annotations`: FastAPI must see real types on the routes.
 
@@ -18,20 +18,23 @@ from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import ScoredJob, ScoreJob, merge_results
+from serve_app.docs_page import add_offline_docs
 from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, IngressMetrics
 from serve_app.protocol import (RERANK_EXAMPLE, ApiError, ErrorResponse, RerankRequest,
-                                RerankResponse, ScoreRequest, ScoreResponse, Usage)
-from serve_app.rerank import RerankPrompter, build_response, check_rerank, relevance
-from serve_app.scoring import pack, to_scores, tokenize
+                                RerankResponse, ScoreRequest, ScoreResponse)
+from serve_app.rerank import RerankPrompter
+from serve_app.routes import RerankRoute, Route, ScoreRoute
+from serve_app.scoring import pack
 from serve_app.tokenizer import TextTokenizer
-from serve_app.validate import ParsedRequest, check_request, parse_body
 
 logger = logging.getLogger(__name__)
 
 app = FastAPI(
     title="LLM ranking service",
     description="Scores items against a query with a causal LM: label-token probabilities.",
+    docs_url=None, redoc_url=None,  # served with local assets instead of a CDN's
 )
+add_offline_docs(app)
 
 _SCORE_OPENAPI = {
     "requestBody": {
@@ -154,38 +157,42 @@ class ScoreIngress:
         model_path = config.resolved_model_path()
         model = ModelConfig.from_folder(model_path)
         self.worker = worker
-        self.tokenizer = TextTokenizer(model_path)
+        tokenizer = TextTokenizer(model_path)
         self.model_name = config.served_model_name
-        self.vocab_size = model.vocab_size
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
         self.metrics = IngressMetrics()
         self.scorers = ScorerWatch(worker)
+        self.score_route = ScoreRoute(self.limits, model.vocab_size, tokenizer, self.model_name)
         # A label that is not exactly one token fails the replica's start, naming it.
-        self.rerank_prompt = config.rerank.resolved_prompt()
-        self.prompter = RerankPrompter(self.rerank_prompt, self.tokenizer)
+        prompt = config.rerank.resolved_prompt()
+        prompter = RerankPrompter(prompt, tokenizer)
+        self.rerank_routes = {
+            version: RerankRoute(prompter, prompt.default_instruction, self.limits,
+                                 self.model_name, version)
+            for version in ("1", "2")}
 
     @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
               responses=_ERROR_RESPONSES)
     async def score(self, request: Request) -> JSONResponse:
-        return await self._observed("/v1/score", self._score, request)
+        return await self._observed("/v1/score", self.score_route, request)
 
     @app.post("/v1/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
               responses=_ERROR_RESPONSES, summary="Rerank (Cohere v1 / Jina shape)")
     async def rerank_v1(self, request: Request) -> JSONResponse:
-        return await self._observed("/v1/rerank", self._rerank, request, "1")
+        return await self._observed("/v1/rerank", self.rerank_routes["1"], request)
 
     @app.post("/v2/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
               responses=_ERROR_RESPONSES, summary="Rerank (Cohere v2 shape)")
     async def rerank_v2(self, request: Request) -> JSONResponse:
-        return await self._observed("/v2/rerank", self._rerank, request, "2")
+        return await self._observed("/v2/rerank", self.rerank_routes["2"], request)
 
-    async def _observed(self, route: str, handler, request: Request, *args) -> JSONResponse:
-        """Request, error and latency metrics around one route's handler, tagged with the route."""
+    async def _observed(self, path: str, route: Route, request: Request) -> JSONResponse:
+        """Request, error and latency metrics around one route's pipeline, tagged with `path`."""
         started = time.perf_counter()
         status, error_type = 500, "InternalServerError"
         try:
-            response = await handler(request, started, *args)
+            response = await self._pipeline(route, request, started)
             status, error_type = response.status_code, None
             return response
         except ApiError as exc:
@@ -195,57 +202,26 @@ class ScoreIngress:
             status, error_type = CANCELLED_STATUS, CANCELLED_TYPE
             raise
         finally:
-            self.metrics.answered(route, status, time.perf_counter() - started, error_type)
+            self.metrics.answered(path, status, time.perf_counter() - started, error_type)
 
-    async def _score(self, request: Request, started: float) -> JSONResponse:
-        # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with
-        # the field named, instead of FastAPI's 422 list.
-        req = check_request(parse_body(await request.body(), self.limits), self.limits,
-                            self.vocab_size)
+    async def _pipeline(self, route: Route, request: Request, started: float) -> JSONResponse:
+        """parse → tokenize → pack → await a scorer → merge → respond, each step timed; the
+        routes differ only in their own steps (serve_app/routes.py)."""
+        req = route.parse(await request.body())
         parsed = time.perf_counter()
-        query, items = await self._tokenize(req)
+        tokens = await route.tokenize(req)
         tokenized = time.perf_counter()
-        sequences = pack(query, items, self.limits, self.max_context,  # [] for no items
-                         item_first=req.item_first)
+        sequences = pack(tokens.prefix, tokens.items, self.limits,  # [] for no items
+                         self.max_context, item_first=tokens.item_first, field=route.field)
         packed = time.perf_counter()
-        job = await self._call_worker(ScoreJob(sequences, req.label_ids))
+        job = await self._call_worker(ScoreJob(sequences, tokens.label_ids))
         scored = time.perf_counter()
-        logprobs = merge_results(sequences, job.results, len(items))
-        prompt_tokens = sum(s.num_tokens for s in sequences)
-        response = ScoreResponse(
-            scores=[to_scores(row, req.apply_softmax) for row in logprobs],
-            model=req.model or self.model_name,
-            usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
-        )
-        if req.is_text:
+        logprobs = merge_results(sequences, job.results, len(tokens.items))
+        body = route.respond(req, tokens, logprobs, sum(s.num_tokens for s in sequences))
+        if tokens.from_text:
             self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
-        return JSONResponse(response.model_dump(), headers=_server_timing(
-            started, parsed, tokenized, packed, scored, job))
-
-    async def _rerank(self, request: Request, started: float, api_version: str) -> JSONResponse:
-        req = check_rerank(parse_body(await request.body(), self.limits, RerankRequest),
-                           self.limits, self.rerank_prompt.default_instruction)
-        parsed = time.perf_counter()
-        # In a thread, as for /v1/score: long documents must not stall other requests.
-        prefix, items, truncated = await asyncio.to_thread(self.prompter.tokenize, req)
-        tokenized = time.perf_counter()
-        sequences = pack(prefix, items, self.limits, self.max_context, field="documents")
-        packed = time.perf_counter()
-        job = await self._call_worker(ScoreJob(sequences, self.prompter.label_ids))
-        scored = time.perf_counter()
-        logprobs = merge_results(sequences, job.results, len(items))
-        body = build_response(req, [relevance(row) for row in logprobs],
-                              sum(s.num_tokens for s in sequences), truncated, api_version,
-                              req.model or self.model_name)
-        self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
         return JSONResponse(body, headers=_server_timing(started, parsed, tokenized, packed,
                                                          scored, job))
-
-    async def _tokenize(self, req: ParsedRequest) -> tuple[list[int], list[list[int]]]:
-        if not req.is_text:
-            return tokenize(req, self.tokenizer)
-        # In a thread: a megabytes-long text must not stall this replica's other requests.
-        return await asyncio.to_thread(tokenize, req, self.tokenizer)
 
     @app.get("/v1/models")
     async def models(self) -> dict:

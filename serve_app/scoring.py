@@ -39,7 +39,8 @@ def pack(query: list[int], items: list[list[int]], limits: Limits, max_context: 
 
 
 def to_scores(logprobs: list[float], apply_softmax: bool) -> list[float]:
-    """false: exp(full-vocab log-prob); true: softmax over the labels (the log-normaliser cancels)."""
+    """false: exp(full-vocab log-prob); true: softmax over the labels (the log-normaliser
+    cancels)."""
     if not apply_softmax:
         return [math.exp(lp) for lp in logprobs]
     top = max(logprobs)

@@ -46,3 +46,15 @@ def small_server_url(small_model):
         yield service.url
     finally:
         stop_service(service)
+
+
+# Fixtures above that start the Serve app: a test using one is in the slow tier.
+SERVICE_FIXTURES = {"server_url", "client", "small_server_url"}
+
+
+def pytest_collection_modifyitems(items):
+    """Marks `service` every test that starts Ray: those using a service fixture here (the
+    modules that start their own say so with `pytestmark`). `-m "not service"` is the fast tier."""
+    for item in items:
+        if SERVICE_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.service)

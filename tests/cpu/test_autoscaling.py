@@ -10,6 +10,8 @@ and never asserts how long scaling took. That figure is a benchmark: `python -m 
 import asyncio
 import time
 
+import pytest
+
 from loadtest.http_client import make_session
 from loadtest.loadgen import run_closed_loop
 from loadtest.prom import scrape, service_sample
@@ -17,6 +19,8 @@ from loadtest.service import (FAST_METRICS_ENV, deployment, small_model_config, 
                               stop_service, wait_until, without_refusals)
 from loadtest.stats import OK
 from loadtest.workload import Workload
+
+pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 
 WORKLOAD = Workload(query_len=40, items=4, item_len=40, vocab=49152)  # ~200 tokens
 # 12 requests in the service ≈ 2,400 tokens queued or running: with target_tokens_per_replica

@@ -4,6 +4,7 @@ ingress never imports torch, and neither side imports the other."""
 import ast
 import subprocess
 import sys
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,89 @@ def test_typos_that_serve_would_ignore_are_errors(tmp_path, mutate):
         check_config(path)
 
 
+def _problems_of(tmp_path, mutate) -> str:
+    """check_config's message for configs/score.yaml changed by `mutate`."""
+    config = yaml.safe_load((REPO / "configs" / "score.yaml").read_text())
+    mutate(config)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError) as caught:
+        check_config(path)
+    return str(caught.value)
+
+
+def _app(config: dict) -> dict:
+    return config["applications"][0]
+
+
+@pytest.mark.parametrize(
+    "mutate, place",
+    [
+        (lambda c: c.update(grpc_option={}), "grpc_option"),
+        (lambda c: c["http_options"].update(hots="0.0.0.0"), "http_options.hots"),
+        (lambda c: _app(c)["deployments"][1].update(bogus=1),
+         "applications[0].deployments[1].bogus"),
+        (lambda c: _app(c)["deployments"][0]["ray_actor_options"].update(num_cpu=1),
+         "applications[0].deployments[0].ray_actor_options.num_cpu"),
+        (lambda c: _app(c)["deployments"][1]["autoscaling_config"]["policy"].update(kwargs={}),
+         "applications[0].deployments[1].autoscaling_config.policy.kwargs"),
+        (lambda c: _app(c)["runtime_env"].update(env_var={}),
+         "applications[0].runtime_env.env_var"),
+    ],
+    ids=["top level", "http_options", "deployment", "ray_actor_options", "autoscaling policy",
+         "runtime_env"],
+)
+def test_unknown_serve_key_is_named_by_its_place(tmp_path, mutate, place):
+    assert f"{place}: unknown key" in _problems_of(tmp_path, mutate)
+
+
+@pytest.mark.parametrize(
+    "mutate, place",
+    [
+        (lambda c: c["http_options"].update(port="eighty"), "http_options.port"),
+        (lambda c: _app(c)["deployments"][0].update(max_ongoing_requests="many"),
+         "applications[0].deployments[0].max_ongoing_requests"),
+        (lambda c: _app(c)["deployments"][0]["backpressure_config"].update(status_code=500),
+         "applications[0].deployments[0].backpressure_config.status_code"),
+        # a plain dict to Serve's schema until it deploys: checked with Serve's AutoscalingConfig
+        (lambda c: _app(c)["deployments"][1]["autoscaling_config"].update(min_replicas="one"),
+         "applications[0].deployments[1].autoscaling_config.min_replicas"),
+        (lambda c: _app(c)["runtime_env"]["env_vars"].update(X=1), "applications[0].runtime_env"),
+        (lambda c: _app(c)["args"]["limits"].update(max_seq_tokens="long"),
+         "applications[0].args.limits.max_seq_tokens"),
+    ],
+    ids=["http_options", "deployment", "backpressure", "autoscaling_config", "runtime_env",
+         "args"],
+)
+def test_wrong_value_is_named_by_its_place(tmp_path, mutate, place):
+    assert f"\n  {place}: " in _problems_of(tmp_path, mutate)
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    def mutate(config):
+        config["http_options"].update(port="eighty", bogus=1)
+        _app(config)["deployments"][1].update(max_concurrent_queries=5)
+
+    message = _problems_of(tmp_path, mutate)
+    assert "3 problem(s)" in message
+    for place in ("http_options.port", "http_options.bogus",
+                  "applications[0].deployments[1].max_concurrent_queries"):
+        assert f"\n  {place}: " in message
+
+
+def test_serve_keys_beyond_those_the_configs_use_are_accepted(tmp_path):
+    # The accepted keys are Serve's own (its schema classes), not a copied list.
+    config = yaml.safe_load((REPO / "configs" / "score.yaml").read_text())
+    worker = _app(config)["deployments"][1]
+    worker["ray_actor_options"]["resources"] = {"scorer": 1}
+    worker.update(health_check_period_s=5, max_replicas_per_node=1)
+    config["http_options"]["keep_alive_timeout_s"] = 10
+    path = tmp_path / "more.yaml"
+    path.write_text(yaml.safe_dump(config))
+    schema = check_config(path)
+    assert schema.applications[0].deployments[1].max_replicas_per_node == 1
+
+
 def test_builder_args_reject_unknown_keys_and_bad_limits():
     with pytest.raises(ValidationError):
         AppConfig.model_validate({"model_pth": "x"})
@@ -63,6 +147,16 @@ def test_builder_args_reject_unknown_keys_and_bad_limits():
         AppConfig().limits.max_seq_tokens = 5
 
 
+def test_cuda_graphs_with_torch_ops_is_refused_at_validation():
+    """torch ops copy between CPU and CUDA inside the forward, which a CUDA graph capture
+    cannot hold: refused when the settings are read, naming both keys, not at capture."""
+    gpu = dict(device="cuda", attention="flashinfer")
+    with pytest.raises(ValidationError, match=r"engine\.cuda_graphs.*engine\.ops"):
+        EngineConfig(**gpu, ops="torch", cuda_graphs=True)
+    EngineConfig(**gpu, ops="torch", cuda_graphs=False)
+    EngineConfig(**gpu, ops="cuda", cuda_graphs=True)
+
+
 def test_missing_model_folder_names_the_prepare_command(tmp_path):
     with pytest.raises(ModelFolderError, match="scripts/prepare_model.py"):
         build_app(AppConfig(model_path=str(tmp_path / "nowhere")))
@@ -77,32 +171,77 @@ def test_ingress_modules_do_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
-# package -> the project packages it may import (besides itself)
+PRODUCT = {"ranker_contract", "serve_app", "gpu_worker", "ranker_app"}
+# package -> the project packages it may import (besides itself). One direction, no circle:
+# ranker_contract < serve_app, gpu_worker < ranker_app < loadtest (tooling) < scripts, tests.
+# Scripts (CLIs) and tests sit side by side on top and never import each other: a test runs a
+# script as a process.
 LAYERS = {
     "ranker_contract": set(),
     "serve_app": {"ranker_contract"},
     "gpu_worker": {"ranker_contract"},
     "ranker_app": {"ranker_contract", "serve_app", "gpu_worker"},
+    "loadtest": PRODUCT,
+    "scripts": PRODUCT | {"loadtest"},
+    "tests": PRODUCT | {"loadtest"},
 }
 
 
-def _project_imports(path: Path) -> set[str]:
+def _python_files(package: str) -> list[Path]:
+    files = sorted((REPO / package).rglob("*.py"))
+    assert files
+    return files
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every dotted name `path` imports, anywhere in it (inside functions too); for
+    `from a.b import c`, both `a.b` and `a.b.c` (c may be a module)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
-    return found & LAYERS.keys()
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    return {name.split(".")[0] for name in _imported_names(path)}
 
 
 @pytest.mark.parametrize("package", sorted(LAYERS))
 def test_packages_import_only_the_layers_below(package):
-    files = sorted((REPO / package).glob("*.py"))
-    assert files
-    wrong = {f"{f.name} imports {name}" for f in files
-             for name in _project_imports(f) - LAYERS[package] - {package}}
+    wrong = {f"{f.name} imports {name}" for f in _python_files(package)
+             for name in (_top_level_imports(f) & LAYERS.keys()) - LAYERS[package] - {package}}
     assert not wrong
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS.keys() - {"tests"}))
+def test_only_tests_import_pytest(package):
+    # Tools and the product fail with ordinary exceptions; a test turns them into failures.
+    wrong = {f.name for f in _python_files(package) if "pytest" in _top_level_imports(f)}
+    assert not wrong
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_no_import_circle_inside_a_package(package):
+    modules = {_module_name(f): f for f in _python_files(package)}
+    graph = {}
+    for name, path in modules.items():
+        # Importing a.b.c runs a, a.b and a.b.c: an edge to each of them that is a module here.
+        prefixes = {".".join(dotted.split(".")[:i]) for dotted in _imported_names(path)
+                    for i in range(1, dotted.count(".") + 2)}
+        graph[name] = (prefixes & modules.keys()) - {name}
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as err:
+        pytest.fail(f"import circle: {' -> '.join(err.args[1])}")
 
 
 def test_rerank_settings_are_checked():

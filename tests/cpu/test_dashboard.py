@@ -9,6 +9,8 @@ import pytest
 
 from loadtest.prometheus_server import find_prometheus
 
+pytestmark = pytest.mark.service  # starts Ray (the slow tier)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

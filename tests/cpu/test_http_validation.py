@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from tests.cpu.test_docs_page import PAGES, assert_page_is_self_contained
+
 V = 49152  # SmolLM2 vocabulary
 OK = {"query": "Is it?", "items": ["yes"], "label_token_ids": [10539, 5230]}
 
@@ -79,6 +81,12 @@ def test_unknown_route_and_wrong_method_use_the_envelope(client):
     assert client.get("/v2/nothing").json()["error"]["code"] == 404
     r = client.get("/v1/score")
     assert r.status_code == 405 and r.json()["error"]["code"] == 405
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_docs_pages_load_their_assets_from_the_service(client, page):
+    # Under serve.ingress (the app is pickled into the replica), as on an offline cluster.
+    assert_page_is_self_contained(client, page)
 
 
 def test_service_still_healthy_after_bad_inputs(client):

@@ -19,6 +19,8 @@ from loadtest.service import (FAST_METRICS_ENV, deployment, small_model_config, 
                               stop_service, wait_until)
 from loadtest.workload import RequestFactory, Workload
 
+pytestmark = pytest.mark.service  # starts Ray (the slow tier)
+
 MAX_ONGOING, MAX_QUEUED = 12, 4
 SMALL = Workload(query_len=40, items=4, item_len=40, vocab=49152)  # ~200 tokens, one sequence
 # ~1,650 tokens, two sequences (max_seq_tokens 1024): ~0.4 s of scorer work each

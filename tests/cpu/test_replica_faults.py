@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from loadtest.http_client import make_session
 from loadtest.loadgen import RateConfig, run_rate
@@ -14,6 +15,8 @@ from loadtest.prom import scrape
 from loadtest.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
                               stop_service, wait_until, without_refusals)
 from loadtest.workload import RequestFactory, Workload
+
+pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 
 WORKLOAD = Workload(query_len=40, items=4, item_len=100, vocab=49152)  # ~450 tokens
 # Sent before the kill, ~1,600 tokens each: seconds of work for each scorer, longer than the

@@ -23,6 +23,8 @@ import yaml
 
 from loadtest.service import deployment, free_port, small_model_config
 
+pytestmark = pytest.mark.service  # starts Ray (the slow tier)
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 STARTUP_TIMEOUT_S = 240

@@ -1,0 +1,94 @@
+"""What differs between /v1/score and /v1|v2/rerank: how a request body becomes a multi-item
+request (prefix, items, label ids) and how the merged log-probs become the response body.
+
+The ingress runs the steps the routes share (docs/ARCHITECTURE.md, "The request path"):
+parse → tokenize → pack → await a scorer → merge → respond, each step timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ranker_contract.config import Limits
+from serve_app.protocol import RerankRequest, ScoreResponse, Usage
+from serve_app.rerank import RerankInput, RerankPrompter, build_response, check_rerank, relevance
+from serve_app.scoring import to_scores, tokenize
+from serve_app.tokenizer import TextTokenizer
+from serve_app.validate import ParsedRequest, check_request, parse_body
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    """A request in the terms of the packing contract (ranker_contract/packing.py)."""
+
+    prefix: list[int]
+    items: list[list[int]]
+    label_ids: list[int]
+    from_text: bool  # tokenized here (timed as tokenize_ms), not sent as token ids
+    item_first: bool = False
+    truncated: int = 0  # items cut short on the client's request (rerank's max_tokens_per_doc)
+
+
+class ScoreRoute:
+    """/v1/score, SGLang's body: the request names its label ids; one score per label."""
+
+    field = "items"  # the request field an item's error names: items[k]
+
+    def __init__(self, limits: Limits, vocab_size: int, tokenizer: TextTokenizer,
+                 model_name: str) -> None:
+        self.limits, self.vocab_size = limits, vocab_size
+        self.tokenizer, self.model_name = tokenizer, model_name
+
+    def parse(self, body: bytes) -> ParsedRequest:
+        # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with
+        # the field named, instead of FastAPI's 422 list.
+        return check_request(parse_body(body, self.limits), self.limits, self.vocab_size)
+
+    async def tokenize(self, req: ParsedRequest) -> Tokenized:
+        if req.is_text:
+            # In a thread: a megabytes-long text must not stall this replica's other requests.
+            query, items = await asyncio.to_thread(tokenize, req, self.tokenizer)
+        else:
+            query, items = tokenize(req, self.tokenizer)
+        return Tokenized(query, items, req.label_ids, from_text=req.is_text,
+                         item_first=req.item_first)
+
+    def respond(self, req: ParsedRequest, tokenized: Tokenized,
+                logprobs: list[list[float]], prompt_tokens: int) -> dict:
+        return ScoreResponse(
+            scores=[to_scores(row, req.apply_softmax) for row in logprobs],
+            model=req.model or self.model_name,
+            usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+        ).model_dump()
+
+
+class RerankRoute:
+    """/v1/rerank or /v2/rerank, Cohere's body: the configured prompt template and its two
+    labels; one relevance score per document, sorted."""
+
+    field = "documents"
+
+    def __init__(self, prompter: RerankPrompter, default_instruction: str, limits: Limits,
+                 model_name: str, api_version: str) -> None:
+        self.prompter, self.default_instruction = prompter, default_instruction
+        self.limits, self.model_name, self.api_version = limits, model_name, api_version
+
+    def parse(self, body: bytes) -> RerankInput:
+        return check_rerank(parse_body(body, self.limits, RerankRequest), self.limits,
+                            self.default_instruction)
+
+    async def tokenize(self, req: RerankInput) -> Tokenized:
+        # In a thread, as for /v1/score: long documents must not stall other requests.
+        prefix, items, truncated = await asyncio.to_thread(self.prompter.tokenize, req)
+        return Tokenized(prefix, items, self.prompter.label_ids, from_text=True,
+                         truncated=truncated)
+
+    def respond(self, req: RerankInput, tokenized: Tokenized,
+                logprobs: list[list[float]], prompt_tokens: int) -> dict:
+        return build_response(req, [relevance(row) for row in logprobs], prompt_tokens,
+                              tokenized.truncated, self.api_version,
+                              req.model or self.model_name)
+
+
+Route = ScoreRoute | RerankRoute

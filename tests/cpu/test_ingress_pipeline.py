@@ -1,0 +1,111 @@
+"""/v1/score and /v1|v2/rerank run one ingress pipeline (parse → tokenize → pack → scorer →
+merge → respond) and differ only in their route's own steps: each route's answer, Server-Timing
+and metrics, on the ingress class without Ray (the scorer's handle is a stand-in)."""
+
+import asyncio
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from ranker_contract.config import AppConfig
+from ranker_contract.packing import ScoredJob
+from serve_app.ingress import ScoreIngress
+from serve_app.protocol import ApiError
+
+LOGPROBS = [-0.5, -1.5]  # what the stand-in scorer answers for every item
+TIMING_PARTS = ["parse", "tokenize", "pack", "worker", "hop", "queue", "compute", "ingress"]
+
+
+class _Scorer:
+    """Stands in for the scorer's DeploymentHandle: `.score.remote(job)` scores every item."""
+
+    app_name, deployment_name = "score", "ScoreWorker"
+
+    def __init__(self) -> None:
+        self.score = self
+        self.jobs = []
+
+    async def remote(self, job):
+        self.jobs.append(job)
+        return ScoredJob([[LOGPROBS] * seq.num_items for seq in job.sequences],
+                         queued_s=0.001, computed_s=0.002)
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.answered_as = []
+        self.tokenize_ms = SimpleNamespace(observe=lambda ms: self.tokenized.append(ms))
+        self.tokenized = []
+
+    def answered(self, route, status, seconds, error_type=None) -> None:
+        self.answered_as.append((route, status, error_type))
+
+
+class _Request:
+    """Stands in for the HTTP request: the pipeline reads only its body."""
+
+    def __init__(self, body: dict) -> None:
+        self._body = json.dumps(body).encode()
+
+    async def body(self) -> bytes:
+        return self._body
+
+
+@pytest.fixture(scope="module")
+def ingress():
+    # The class as written, without Serve's replica wrapper: __init__ loads the default
+    # model's tokenizer and builds both routes.
+    user_class = ScoreIngress.func_or_class.__bases__[0]
+    instance = user_class.__new__(user_class)
+    user_class.__init__(instance, _Scorer(), AppConfig())
+    return instance
+
+
+def _post(ingress, path: str, body: dict):
+    ingress.worker, ingress.metrics = _Scorer(), _Metrics()
+    route = {"/v1/score": ingress.score_route, "/v1/rerank": ingress.rerank_routes["1"],
+             "/v2/rerank": ingress.rerank_routes["2"]}[path]
+    return asyncio.run(ingress._observed(path, route, _Request(body)))
+
+
+def _timing_parts(response) -> list[str]:
+    return [part.split(";")[0].strip() for part in response.headers["Server-Timing"].split(",")]
+
+
+def test_score_with_token_ids(ingress):
+    response = _post(ingress, "/v1/score", {"query": [1, 2], "items": [[3], [4, 5]],
+                                            "label_token_ids": [7, 8]})
+    body = json.loads(response.body)
+    assert body["scores"] == [[math.exp(lp) for lp in LOGPROBS]] * 2
+    assert body["usage"]["prompt_tokens"] == (2 + 1) + (1 + 1) + (2 + 1)  # Q D, I_1 D, I_2 D
+    assert ingress.worker.jobs[0].label_ids == [7, 8]
+    assert _timing_parts(response) == TIMING_PARTS
+    assert ingress.metrics.answered_as == [("/v1/score", 200, None)]
+    assert ingress.metrics.tokenized == []  # token ids: nothing tokenized, nothing observed
+
+
+@pytest.mark.parametrize("path, version", [("/v1/rerank", "1"), ("/v2/rerank", "2")])
+def test_rerank_of_text(ingress, path, version):
+    response = _post(ingress, path, {"query": "capital of France?",
+                                     "documents": ["Paris.", "Bananas."], "top_n": 1})
+    body = json.loads(response.body)
+    assert body["results"] == [{"index": 0, "relevance_score": 1 / (1 + math.exp(-1.0))}]
+    assert body["meta"]["api_version"] == {"version": version}
+    assert ingress.worker.jobs[0].label_ids == ingress.rerank_routes[version].prompter.label_ids
+    assert _timing_parts(response) == TIMING_PARTS
+    assert ingress.metrics.answered_as == [(path, 200, None)]
+    assert len(ingress.metrics.tokenized) == 1
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/score", {"query": [1], "items": [[2] * 8192], "label_token_ids": [7]}, "items[0]"),
+    ("/v2/rerank", {"query": "q", "documents": ["ok", "word " * 9000]}, "documents[1]"),
+], ids=["score", "rerank"])
+def test_an_item_too_long_is_named_as_its_route_calls_it(ingress, path, body, param):
+    with pytest.raises(ApiError) as caught:
+        _post(ingress, path, body)
+    assert caught.value.status == 400 and caught.value.param == param
+    assert ingress.metrics.answered_as == [(path, 400, "BadRequestError")]
+    assert ingress.worker.jobs == []  # refused before the scorer

@@ -58,7 +58,8 @@ class Step:
 
 class Engine:
     def __init__(self, model: CausalLMForScoring, device: torch.device,
-                 cfg: EngineConfig = EngineConfig()) -> None:
+                 cfg: EngineConfig | None = None) -> None:
+        cfg = cfg or EngineConfig()
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size

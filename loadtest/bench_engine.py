@@ -123,7 +123,7 @@ def matmul_rate(cfg, tokens):
     for k, n in shapes:
         a = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        seconds += time_cuda(lambda: torch.nn.functional.linear(a, w))
+        seconds += time_cuda(lambda a=a, w=w: torch.nn.functional.linear(a, w))
         flops += 2 * tokens * k * n
     return flops / seconds / 1e12, flops / tokens  # rate, linear FLOPs per token per layer
 

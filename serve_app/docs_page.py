@@ -9,8 +9,11 @@ that serve.ingress pickles needs nothing from this module but its name.
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
-from fastapi.openapi.docs import (get_redoc_html, get_swagger_ui_html,
-                                  get_swagger_ui_oauth2_redirect_html)
+from fastapi.openapi.docs import (
+    get_redoc_html,
+    get_swagger_ui_html,
+    get_swagger_ui_oauth2_redirect_html,
+)
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 

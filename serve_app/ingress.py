@@ -8,11 +8,11 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
@@ -20,8 +20,15 @@ from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import ScoredJob, ScoreJob, merge_results
 from serve_app.docs_page import add_offline_docs
 from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, IngressMetrics
-from serve_app.protocol import (RERANK_EXAMPLE, ApiError, ErrorResponse, RerankRequest,
-                                RerankResponse, ScoreRequest, ScoreResponse)
+from serve_app.protocol import (
+    RERANK_EXAMPLE,
+    ApiError,
+    ErrorResponse,
+    RerankRequest,
+    RerankResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
 from serve_app.rerank import RerankPrompter
 from serve_app.routes import RerankRoute, Route, ScoreRoute
 from serve_app.scoring import pack

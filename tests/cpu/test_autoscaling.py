@@ -15,8 +15,15 @@ import pytest
 from loadtest.http_client import make_session
 from loadtest.loadgen import run_closed_loop
 from loadtest.prom import scrape, service_sample
-from loadtest.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
-                              stop_service, wait_until, without_refusals)
+from loadtest.service import (
+    FAST_METRICS_ENV,
+    deployment,
+    small_model_config,
+    start_service,
+    stop_service,
+    wait_until,
+    without_refusals,
+)
 from loadtest.stats import OK
 from loadtest.workload import Workload
 

@@ -3,9 +3,8 @@ splitting a request into several sequences against the small random model."""
 
 import math
 
-import pytest
-
 import httpx
+import pytest
 from transformers import AutoTokenizer
 
 from loadtest import DEFAULT_MODEL
@@ -32,7 +31,8 @@ def test_response_shape_usage_and_model(client):
 
 
 def test_server_timing_header_breaks_down_the_ingress_time(client):
-    r = client.post("/v1/score", json={"query": "q", "items": ["a", "b"], "label_token_ids": LABELS})
+    r = client.post("/v1/score",
+                    json={"query": "q", "items": ["a", "b"], "label_token_ids": LABELS})
     parts = dict(p.strip().split(";dur=") for p in r.headers["server-timing"].split(","))
     assert set(parts) == {"parse", "tokenize", "pack", "worker", "hop", "queue", "compute",
                           "ingress"}

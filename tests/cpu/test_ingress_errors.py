@@ -1,4 +1,5 @@
-"""Scorer failures reach the client as enveloped 5xx; a lost replica's job is sent again (3 times)."""
+"""Scorer failures reach the client as enveloped 5xx; a lost replica's job is sent again (3
+times)."""
 
 import asyncio
 import pickle
@@ -9,10 +10,10 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve._private.common import DeploymentID
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from ranker_contract.errors import ScorerOverloaded
 import serve_app.ingress
-from serve_app.ingress import ScoreIngress
+from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoredJob, ScoreJob, pack_plain
+from serve_app.ingress import ScoreIngress
 from serve_app.protocol import ApiError
 
 RESULT = ScoredJob([[[-0.5, -1.5]]], queued_s=0.001, computed_s=0.002)

@@ -15,8 +15,14 @@ import pytest
 from loadtest.http_client import make_session
 from loadtest.loadgen import RateConfig, run_rate
 from loadtest.prom import scrape, service_sample
-from loadtest.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
-                              stop_service, wait_until)
+from loadtest.service import (
+    FAST_METRICS_ENV,
+    deployment,
+    small_model_config,
+    start_service,
+    stop_service,
+    wait_until,
+)
 from loadtest.workload import RequestFactory, Workload
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)

@@ -1,4 +1,5 @@
-"""Packing layouts checked by hand against the contract in ranker_contract/packing.py (D = delimiter id 0)."""
+"""Packing layouts checked by hand against the contract in ranker_contract/packing.py (D =
+delimiter id 0)."""
 
 import pytest
 

@@ -3,7 +3,6 @@ two scorer replicas): the ingress sends the lost replica's jobs again, once, to 
 
 import asyncio
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -12,8 +11,15 @@ import pytest
 from loadtest.http_client import make_session
 from loadtest.loadgen import RateConfig, run_rate
 from loadtest.prom import scrape
-from loadtest.service import (FAST_METRICS_ENV, deployment, small_model_config, start_service,
-                              stop_service, wait_until, without_refusals)
+from loadtest.service import (
+    FAST_METRICS_ENV,
+    deployment,
+    small_model_config,
+    start_service,
+    stop_service,
+    wait_until,
+    without_refusals,
+)
 from loadtest.workload import RequestFactory, Workload
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)

@@ -11,8 +11,7 @@ import torch
 from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
-from tests.gpu.conftest import (LABELS, launch_checking_no_host_sync, run_batch, scheduled,
-                                softmax)
+from tests.gpu.conftest import LABELS, launch_checking_no_host_sync, run_batch, scheduled, softmax
 
 
 def _request(rng: random.Random, query_len=120, item_lens=(180, 1, 0, 57, 180, 3, 99, 180, 12, 30)):

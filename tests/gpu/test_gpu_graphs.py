@@ -9,8 +9,14 @@ import pytest
 from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain, pack_request
-from tests.gpu.conftest import (LABELS, launch_checking_no_host_sync, run_batch, scheduled,
-                                worst_difference)
+from tests.gpu.conftest import (
+    LABELS,
+    launch_checking_no_host_sync,
+    run_batch,
+    scheduled,
+    worst_difference,
+)
+
 VOCAB = 151643
 
 

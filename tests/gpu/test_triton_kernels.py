@@ -31,7 +31,8 @@ def test_matches_reference(qk_norm, dtype):
     qkv = torch.randn(t, attn.q_size + 2 * attn.kv_size, device=DEVICE).to(dtype) * 3
     positions = torch.randint(0, 4096, (t,), device=DEVICE)
     ref = TorchOps(cfg).prepare_qkv(qkv.double(), positions, attn.double())
-    out = qkv_prepare(qkv.clone(), positions, _rope_cache(cfg, DEVICE), attn.num_heads, attn.num_kv_heads,
+    out = qkv_prepare(qkv.clone(), positions, _rope_cache(cfg, DEVICE), attn.num_heads,
+                      attn.num_kv_heads,
                       attn.head_dim, attn.q_norm.weight.to(dtype) if qk_norm else None,
                       attn.k_norm.weight.to(dtype) if qk_norm else None, cfg.rms_norm_eps)
     tol = 1e-5 if dtype == torch.float32 else 2e-2

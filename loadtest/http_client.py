@@ -19,9 +19,10 @@ from loadtest.workload import RequestFactory
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-def make_session() -> aiohttp.ClientSession:
-    """One shared session; no cap on concurrent connections (open loop)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+def make_session(headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
+    """One shared session; no cap on concurrent connections (open loop). `headers` go with
+    every request (an `Authorization: Bearer <key>` for a service with API keys on)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers)
 
 
 async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, n_items: int,

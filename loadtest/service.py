@@ -78,6 +78,19 @@ class Service:
     def log(self) -> str:
         return (self.workdir / "serve.log").read_text(errors="replace")
 
+    def lines_containing(self, secrets: list[str]) -> list[str]:
+        """`file:line number` of each line of serve run's output and of this service's Ray
+        session logs that holds one of `secrets` (API keys must appear in none)."""
+        found = []
+        logs = sorted((self.session_dir() / "logs").rglob("*"))
+        for path in [self.workdir / "serve.log", *logs]:
+            if not path.is_file():
+                continue
+            with open(path, errors="replace") as text:
+                found += [f"{path}:{number}" for number, line in enumerate(text, 1)
+                          if any(secret in line for secret in secrets)]
+        return found
+
     def session_dir(self) -> Path:
         """This service's own Ray session directory (other clusters may run beside it)."""
         return session_dir_of(self.proc.pid)

@@ -25,6 +25,9 @@ def build_app(args: AppConfig) -> Application:
             f"model folder {model_path} is missing or has no config.json; "
             f"to create the default model run: {PREPARE_COMMAND}"
         )
+    if args.auth.enabled:  # fail here, naming the setting, not later in every replica
+        from serve_app.auth import load_keys
+        load_keys(args.auth)
     config = args.model_copy(update={"model_path": str(model_path)})
     logger.info("building score app: %s", config)
     return ScoreIngress.bind(ScoreWorker.bind(config), config)

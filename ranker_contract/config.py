@@ -5,7 +5,8 @@
     ├── limits     Limits           what one request may be (ingress; max_seq_tokens: both sides)
     ├── engine     EngineConfig     how a scorer replica computes (device, dtype, kernels)
     ├── scheduler  SchedulerConfig  how a scorer replica batches and admits work
-    └── rerank     RerankConfig     the prompt template of /v1/rerank and /v2/rerank (ingress)
+    ├── rerank     RerankConfig     the prompt template of /v1/rerank and /v2/rerank (ingress)
+    └── auth       AuthConfig       where the API keys are, when callers need one (ingress)
 
 Every default and every check is written here once. Serve validates the YAML `args` into
 AppConfig (the annotation of ranker_app.app.build_app); each side reads its part of it.
@@ -152,6 +153,36 @@ class RerankConfig(_Settings):
         return prompt.model_copy(update={"default_instruction": self.default_instruction})
 
 
+class AuthConfig(_Settings):
+    """API keys (docs/ARCHITECTURE.md, "API keys"): off unless one source is named. The keys
+    themselves never sit in this file's YAML; serve_app/auth.py reads and checks them."""
+
+    api_keys_file: str | None = Field(
+        None, description="a file of `id:key` lines (or `id key`; # comments); re-read when it "
+        "changes; relative paths start at the repository")
+    api_keys_env: str | None = Field(
+        None, description="the name of an environment variable holding `id:key` entries, one "
+        "per line or comma-separated; read at start-up only")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AuthConfig:
+        if self.api_keys_file is not None and self.api_keys_env is not None:
+            raise ValueError("auth: set api_keys_file or api_keys_env, not both")
+        if self.api_keys_env == "" or self.api_keys_file == "":
+            raise ValueError("auth: an empty api_keys_file or api_keys_env; leave it out instead")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.api_keys_file is not None or self.api_keys_env is not None
+
+    def resolved_keys_file(self) -> Path | None:
+        if self.api_keys_file is None:
+            return None
+        path = Path(self.api_keys_file)
+        return path if path.is_absolute() else REPO_ROOT / path
+
+
 class AppConfig(_Settings):
     model_path: str = Field("models/smollm2-135m-instruct",
                             description="HF folder; relative paths start at the repository")
@@ -160,6 +191,7 @@ class AppConfig(_Settings):
     engine: EngineConfig = EngineConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     rerank: RerankConfig = RerankConfig()
+    auth: AuthConfig = AuthConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:

@@ -37,6 +37,7 @@ from loadtest.random_model import make_random_model  # noqa: E402
 from loadtest.ray_dashboard import auth_token, get, serve_applications, serve_status  # noqa: E402
 from loadtest.service import FAST_METRICS_ENV, small_model_config, start_service, stop_service  # noqa: E402
 from loadtest.workload import RequestFactory, Workload  # noqa: E402
+from serve_app.auth import NO_KEY  # noqa: E402
 from serve_app.metrics import ERRORS, ROUTES  # noqa: E402
 
 BOARD = REPO / "docs" / "grafana" / "ranker_dashboard.json"
@@ -240,17 +241,20 @@ def zero_series() -> dict[str, int]:
             "ray_ranker_batch_errors_total": len(BATCH_ERROR_TYPES)}
 
 
-def expected_counts(metric: str, traffic: Traffic, dropped: float) -> dict[tuple, float]:
-    """Per label values of the panel's `sum by (...)`, what the run must have counted."""
-    if metric == "ray_ranker_requests_total":
-        return {k: float(v) for k, v in traffic.answered.items()}
-    if metric == "ray_ranker_errors_total":
+def expected_counts(metric: str, keys: tuple[str, ...], traffic: Traffic,
+                    dropped: float) -> dict[tuple, float]:
+    """Per label values of the panel's `sum by (keys)`, what the run must have counted. The
+    service runs without API keys: every request carries the key id NO_KEY."""
+    if metric in ("ray_ranker_requests_total", "ray_ranker_errors_total"):
         kinds = dict(ERRORS)
-        errors: Counter[tuple] = Counter()
-        for (_, status), n in traffic.answered.items():
-            if status != "200":
-                errors[(kinds[status], status)] += n
-        return {k: float(v) for k, v in errors.items()}
+        counts: Counter[tuple] = Counter()
+        for (route, status), n in traffic.answered.items():
+            if metric == "ray_ranker_errors_total" and status == "200":
+                continue
+            labels = {"route": route, "status": status, "key": NO_KEY,
+                      "error_type": kinds.get(status, "")}
+            counts[tuple(labels[k] for k in keys)] += n
+        return {k: float(v) for k, v in counts.items()}
     return {(): {"ray_ranker_items_scored_total": traffic.items_scored,
                  "ray_ranker_requests_rejected_total": traffic.refused,
                  "ray_ranker_sequences_dropped_total": dropped,
@@ -295,7 +299,7 @@ def check_counts(prom, expr: str, metric: str, result: list[dict], traffic: Traf
     got, now = by_labels(prom.query(run_expr, at), keys), by_labels(result, keys)
     if keys == ("replica",):  # items per replica: the run's total is what was sent
         got, now = {(): sum(got.values())}, {(): sum(now.values())}
-    want = expected_counts(metric, traffic, dropped)
+    want = expected_counts(metric, keys, traffic, dropped)
     for key in sorted(set(got) | {k for k, v in want.items() if v}):
         if got.get(key) is None or round(got[key]) != want.get(key, 0):
             problems.append(f"{title} {key}: Prometheus counted {got.get(key)}, sent "

@@ -18,8 +18,9 @@ from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import ScoredJob, ScoreJob, merge_results
+from serve_app.auth import KEY_ID_SCOPE, NO_KEY, REFUSED_KEY, KeyStore, RequireApiKey, require_keys
 from serve_app.docs_page import add_offline_docs
-from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, IngressMetrics
+from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, ROUTES, IngressMetrics
 from serve_app.protocol import (
     RERANK_EXAMPLE,
     ApiError,
@@ -42,6 +43,9 @@ app = FastAPI(
     docs_url=None, redoc_url=None,  # served with local assets instead of a CDN's
 )
 add_offline_docs(app)
+# Outside every route, so /docs, /openapi.json and unknown routes need a key too; a no-op
+# until an ingress replica turns API keys on (docs/ARCHITECTURE.md, "API keys").
+app.add_middleware(RequireApiKey)
 
 _SCORE_OPENAPI = {
     "requestBody": {
@@ -168,7 +172,11 @@ class ScoreIngress:
         self.model_name = config.served_model_name
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
-        self.metrics = IngressMetrics()
+        keys = KeyStore(config.auth) if config.auth.enabled else None  # bad keys: start fails
+        self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,))
+        if keys is not None:
+            keys.on_reload = self.metrics.declare_keys
+        require_keys(keys, self._refused)
         self.scorers = ScorerWatch(worker)
         self.score_route = ScoreRoute(self.limits, model.vocab_size, tokenizer, self.model_name)
         # A label that is not exactly one token fails the replica's start, naming it.
@@ -209,7 +217,13 @@ class ScoreIngress:
             status, error_type = CANCELLED_STATUS, CANCELLED_TYPE
             raise
         finally:
-            self.metrics.answered(path, status, time.perf_counter() - started, error_type)
+            self.metrics.answered(path, status, time.perf_counter() - started, error_type,
+                                  key=request.scope.get(KEY_ID_SCOPE, NO_KEY))
+
+    def _refused(self, path: str) -> None:
+        # Counted for the scoring routes only: an unknown path must not become a label value.
+        if path in ROUTES:
+            self.metrics.answered(path, 401, 0.0, ApiError(401, "").kind, key=REFUSED_KEY)
 
     async def _pipeline(self, route: Route, request: Request, started: float) -> JSONResponse:
         """parse → tokenize → pack → await a scorer → merge → respond, each step timed; the

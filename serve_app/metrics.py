@@ -7,8 +7,11 @@ baseline, so a series born at its first increment would never show that incremen
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ray.serve.metrics import Counter, Histogram
 
+from serve_app.auth import NO_KEY
 from serve_app.protocol import ApiError
 
 # Fine below 50 ms (a lone request), up to 120 s at the top (a timed-out one) so P99 under load
@@ -24,8 +27,8 @@ ROUTES = ("/v1/score", "/v1/rerank", "/v2/rerank")  # the routes ScoreIngress._o
 CANCELLED_STATUS = 408
 CANCELLED_TYPE = "Cancelled"
 # Every error a route answers: the ApiError statuses the ingress raises, and the cancellation.
-ERRORS = tuple((str(status), ApiError(status, "").kind) for status in (400, 413, 500, 503)) + (
-    (str(CANCELLED_STATUS), CANCELLED_TYPE),)
+ERRORS = tuple((str(status), ApiError(status, "").kind)
+               for status in (400, 401, 413, 500, 503)) + ((str(CANCELLED_STATUS), CANCELLED_TYPE),)
 
 
 def declare_at_zero(counter: Counter, tags: dict[str, str] | None = None) -> None:
@@ -40,31 +43,42 @@ def declare_at_zero(counter: Counter, tags: dict[str, str] | None = None) -> Non
 
 
 class IngressMetrics:
-    def __init__(self) -> None:
+    """`key_ids`: the `key` label values known at start-up (serve_app/auth.py: the API key ids
+    and REFUSED_KEY, or NO_KEY alone while auth is off)."""
+
+    def __init__(self, key_ids: Iterable[str] = (NO_KEY,)) -> None:
         self.latency_ms = Histogram("ranker_request_latency_ms", "POST /v1/score, /v1/rerank and "
                                     "/v2/rerank latency in the ingress, by route and HTTP status",
                                     boundaries=LATENCY_BUCKETS_MS, tag_keys=("status", "route"))
         self.tokenize_ms = Histogram("ranker_tokenize_ms", "Tokenizing one request's text",
                                      boundaries=TOKENIZE_BUCKETS_MS)
-        self.requests = Counter("ranker_requests", "Requests answered, by route and HTTP status",
-                                tag_keys=("status", "route"))
-        self.errors = Counter("ranker_errors", "Failed requests, by error type, status and route",
-                              tag_keys=("error_type", "status", "route"))
+        self.requests = Counter("ranker_requests", "Requests answered, by route, HTTP status "
+                                "and API key id", tag_keys=("status", "route", "key"))
+        self.errors = Counter("ranker_errors", "Failed requests, by error type, status, route "
+                              "and API key id", tag_keys=("error_type", "status", "route", "key"))
         self.retries = Counter("ranker_scorer_retries", "Scoring calls sent again to another "
                                "replica because the first replica was lost")
-        for route in ROUTES:
-            declare_at_zero(self.requests, {"status": "200", "route": route})
-            for status, error_type in ERRORS:
-                declare_at_zero(self.requests, {"status": status, "route": route})
-                declare_at_zero(self.errors, {"error_type": error_type, "status": status,
-                                              "route": route})
+        self._declared: set[str] = set()
+        self.declare_keys(key_ids)
         declare_at_zero(self.retries)
 
+    def declare_keys(self, key_ids: Iterable[str]) -> None:
+        """The series of every key id not declared yet, at 0 (also a reloaded key file's)."""
+        for key in sorted(set(key_ids) - self._declared):
+            for route in ROUTES:
+                declare_at_zero(self.requests, {"status": "200", "route": route, "key": key})
+                for status, error_type in ERRORS:
+                    declare_at_zero(self.requests, {"status": status, "route": route, "key": key})
+                    declare_at_zero(self.errors, {"error_type": error_type, "status": status,
+                                                  "route": route, "key": key})
+            self._declared.add(key)
+
     def answered(self, route: str, status: int, seconds: float,
-                 error_type: str | None = None) -> None:
-        """One request of `route` finished with `status` (`error_type` when it failed)."""
+                 error_type: str | None = None, key: str = NO_KEY) -> None:
+        """One request of `route` from API key id `key` finished with `status` (`error_type`
+        when it failed)."""
         tags = {"status": str(status), "route": route}
-        self.requests.inc(tags=tags)
+        self.requests.inc(tags={**tags, "key": key})
         if error_type is not None:
-            self.errors.inc(tags={"error_type": error_type, **tags})
+            self.errors.inc(tags={"error_type": error_type, **tags, "key": key})
         self.latency_ms.observe(seconds * 1e3, tags=tags)

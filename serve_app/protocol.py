@@ -125,6 +125,7 @@ class ApiError(Exception):
     def kind(self) -> str:
         return {
             400: "BadRequestError",
+            401: "AuthenticationError",
             404: "NotFoundError",
             413: "RequestTooLargeError",
             422: "UnprocessableEntityError",

@@ -1,31 +1,74 @@
 """Shared fixtures: the real Serve app, started once per test run with `serve run`."""
 
 import os
+import secrets
 
 import httpx
 import pytest
 
 from loadtest.configs import shipped_yaml
 from loadtest.random_model import make_random_model
-from loadtest.service import small_model_config, start_service, stop_service
+from loadtest.service import (
+    FAST_METRICS_ENV,
+    deployment,
+    small_model_config,
+    start_service,
+    stop_service,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+# The ids of the shared service's API keys: tests/cpu/test_api_keys_http.py revokes the last.
+KEY_IDS = ("team-a", "team-b", "revoked-team")
+
+
 @pytest.fixture(scope="session")
-def server_url():
-    """Base URL of configs/score.yaml served by `serve run` (only the HTTP port is changed)."""
-    service = start_service(shipped_yaml("score.yaml"))
+def api_keys(tmp_path_factory) -> dict[str, str]:
+    """id -> key of the shared service; random per run, so a log can be searched for them."""
+    return {key_id: f"rk-{key_id}-{secrets.token_urlsafe(24)}" for key_id in KEY_IDS}
+
+
+@pytest.fixture(scope="session")
+def api_keys_file(tmp_path_factory, api_keys):
+    path = tmp_path_factory.mktemp("api-keys") / "keys"
+    path.write_text("# id:key, one per calling team\n"
+                    + "".join(f"{key_id}:{key}\n" for key_id, key in api_keys.items()))
+    return path
+
+
+@pytest.fixture(scope="session")
+def auth_headers(api_keys) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_keys['team-a']}"}
+
+
+@pytest.fixture(scope="session")
+def served(api_keys_file):
+    """configs/score.yaml served by `serve run`, with API keys on (auth.api_keys_file) and two
+    ingress replicas (each must check keys); otherwise only the HTTP port is changed."""
+    config = shipped_yaml("score.yaml")
+    config["applications"][0]["args"]["auth"] = {"api_keys_file": str(api_keys_file)}
+    ingress = deployment(config, "ScoreIngress")
+    ingress.pop("autoscaling_config")
+    ingress["num_replicas"] = 2
+    service = start_service(config, FAST_METRICS_ENV)  # metrics every second, not ten
     try:
-        yield service.url
+        yield service
     finally:
         stop_service(service)
 
 
 @pytest.fixture(scope="session")
-def client(server_url):
-    with httpx.Client(base_url=server_url, timeout=60) as c:
+def server_url(served):
+    """Base URL of the shared service (`served`): every request but /health needs a key."""
+    return served.url
+
+
+@pytest.fixture(scope="session")
+def client(server_url, auth_headers):
+    """An httpx client of the shared service that sends team-a's key."""
+    with httpx.Client(base_url=server_url, timeout=60, headers=auth_headers) as c:
         yield c
 
 
@@ -49,7 +92,7 @@ def small_server_url(small_model):
 
 
 # Fixtures above that start the Serve app: a test using one is in the slow tier.
-SERVICE_FIXTURES = {"server_url", "client", "small_server_url"}
+SERVICE_FIXTURES = {"served", "server_url", "client", "small_server_url"}
 
 
 def pytest_collection_modifyitems(items):

@@ -54,9 +54,13 @@ def test_committed_manifest_is_what_the_script_writes():
 
 def test_serve_config_is_the_gpu_config_listening_on_the_pod(manifest, gpu_config, tmp_path):
     serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
-    # The one difference: Kubernetes Services reach the proxy on the pod's address.
+    # The two differences: Kubernetes Services reach the proxy on the pod's address, and the
+    # ingress reads its API keys from the mounted Secret.
     assert serve_config["http_options"].pop("host") == "0.0.0.0"
     assert gpu_config["http_options"].pop("host") == "127.0.0.1"
+    auth = serve_config["applications"][0]["args"].pop("auth")
+    assert auth == {"api_keys_file": make_rayservice.KEYS_FILE}
+    assert "auth" not in gpu_config["applications"][0]["args"]  # off in the shipped config
     assert serve_config == gpu_config
     # And it passes the project's strict check, as the shipped file does.
     path = tmp_path / "serve.yaml"
@@ -96,6 +100,19 @@ def test_manifest_structure(manifest, gpu_config):
     assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
     probe = group["template"]["spec"]["containers"][0]["readinessProbe"]
     assert probe["exec"]["command"][-1].endswith(f":{gpu_config['http_options']['port']}/health")
+
+
+def test_every_pod_mounts_the_api_keys_secret_where_the_config_reads_it(manifest):
+    cluster = manifest["spec"]["rayClusterConfig"]
+    specs = [cluster["headGroupSpec"]["template"]["spec"]] + [
+        g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+    keys_file = Path(make_rayservice.KEYS_FILE)
+    for spec in specs:
+        volume = next(v for v in spec["volumes"] if v["name"] == "api-keys")
+        assert volume["secret"]["secretName"] == make_rayservice.KEYS_SECRET
+        mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "api-keys")
+        assert Path(mount["mountPath"]) == keys_file.parent and mount["readOnly"]
+    assert f"--from-file={keys_file.name}=" in MANIFEST.read_text()  # the command to make it
 
 
 def test_images_are_the_gpu_image(manifest):

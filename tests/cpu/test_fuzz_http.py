@@ -1,4 +1,5 @@
-"""Fuzzing and nasty hand-written inputs over real HTTP (the `serve run` service of conftest.py).
+"""Fuzzing and nasty hand-written inputs over real HTTP (the `serve run` service of conftest.py,
+API keys on: every request sends a valid key, so the checks run behind the key check).
 
 The rules checked on every response: no 5xx; a 4xx carries the OpenAI envelope
 `{"error": {"message", "type", "param", "code"}}` with a string message and `code` equal to the
@@ -123,8 +124,9 @@ def post_raw(client, content: bytes,
 # ---- schemathesis: cases generated from /openapi.json ----------------------------------------
 
 @pytest.fixture(scope="module")
-def schema_cases(server_url):
-    schema = schemathesis.openapi.from_url(f"{server_url}/openapi.json", timeout=30)
+def schema_cases(server_url, auth_headers):
+    schema = schemathesis.openapi.from_url(f"{server_url}/openapi.json", timeout=30,
+                                           headers=auth_headers)
     score = schema["/v1/score"]["POST"]
     gets = st.one_of(schema["/v1/models"]["GET"].as_strategy(),
                      schema["/health"]["GET"].as_strategy())
@@ -137,10 +139,11 @@ def schema_cases(server_url):
 
 @_fuzz_settings(SCHEMA_CASES)
 @given(data=st.data())
-def test_schemathesis_cases(schema_cases, server_url, data):
+def test_schemathesis_cases(schema_cases, server_url, auth_headers, data):
     case = data.draw(schema_cases, label="case")
     try:
-        response = case.call(base_url=server_url, timeout=REQUEST_TIMEOUT_S)
+        response = case.call(base_url=server_url, headers=auth_headers,
+                             timeout=REQUEST_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - requests' timeouts and connection errors
         pytest.fail(f"{case.method} {case.path}: no answer ({type(exc).__name__}: {exc})")
     STATUSES["schemathesis", response.status_code] += 1

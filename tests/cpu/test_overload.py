@@ -3,9 +3,12 @@
 Admission control has two layers: the ingress takes at most MAX_ONGOING requests plus
 MAX_QUEUED waiting at the HTTP proxy (Serve answers the rest 503 + Retry-After before any of our
 code runs), and a scorer refuses jobs beyond `max_queued_tokens` (503 from the ingress).
+API keys are on (read from an environment variable, auth.api_keys_env): every request sends one,
+so the key check is part of the load measured here.
 """
 
 import asyncio
+import secrets
 import time
 
 import aiohttp
@@ -32,6 +35,9 @@ SMALL = Workload(query_len=40, items=4, item_len=40, vocab=49152)  # ~200 tokens
 # ~1,650 tokens, two sequences (max_seq_tokens 1024): ~0.4 s of scorer work each
 LARGE = Workload(query_len=40, items=8, item_len=200, vocab=49152)
 PHASE_S = 20
+KEYS_ENV = "RANKER_TEST_API_KEYS"
+API_KEY = f"rk-load-{secrets.token_urlsafe(24)}"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LATENCY_MARGIN = 2.5  # see test_three_times_capacity_sheds_503s_and_keeps_p99_bounded
 GOODPUT_MARGIN = 0.6
 
@@ -40,10 +46,12 @@ GOODPUT_MARGIN = 0.6
 def service(small_model):
     config = small_model_config(small_model)
     config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 16384
+    config["applications"][0]["args"]["auth"] = {"api_keys_env": KEYS_ENV}
     deployment(config, "ScoreIngress").update(
         max_ongoing_requests=MAX_ONGOING, max_queued_requests=MAX_QUEUED,
         backpressure_config={"status_code": 503, "retry_after_s": 1})
-    svc = start_service(config, FAST_METRICS_ENV)
+    keys = f"load:{API_KEY},other:{secrets.token_urlsafe(24)}"  # entries: comma-separated
+    svc = start_service(config, {**FAST_METRICS_ENV, KEYS_ENV: keys})
     yield svc
     stop_service(svc)
 
@@ -79,7 +87,7 @@ def _rss_mb(svc) -> float:
 
 
 async def _phase(url: str, rate: float, seed: str) -> dict:
-    async with make_session() as session:
+    async with make_session(AUTH) as session:
         point, _ = await run_rate(session, url, SMALL, RateConfig(rate=rate, duration_s=PHASE_S,
                                                                   warmup_s=3, seed=seed),
                                   progress=False)
@@ -125,7 +133,7 @@ def test_shed_requests_get_retry_after_quickly(service):
 
     async def burst() -> list[tuple[int, str | None, float]]:
         factory = RequestFactory(LARGE, "burst")  # slow enough that none ends mid-burst
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=AUTH) as session:
             async def one():
                 loop = asyncio.get_running_loop()
                 started = loop.time()
@@ -161,7 +169,7 @@ def test_requests_whose_client_left_are_not_computed(service):
 
     async def scenario() -> tuple[list[int], int]:
         large, small = RequestFactory(LARGE, "fill"), RequestFactory(SMALL, "gone")
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=AUTH) as session:
             async def post(body: bytes, timeout_s: float = 60, headers=None) -> int:
                 try:
                     async with session.post(url, data=body, timeout=aiohttp.ClientTimeout(
@@ -205,3 +213,8 @@ def test_requests_whose_client_left_are_not_computed(service):
     cancelled = _cancelled(service)
     assert set(cancelled) == {"408"}, cancelled
     assert cancelled["408"] - cancelled_before["408"] <= queued_then_abandoned
+
+
+def test_no_log_line_holds_the_key(service):
+    # Read from the environment: Ray's logs of the raylet and workers must not show it either.
+    assert service.lines_containing([API_KEY]) == []

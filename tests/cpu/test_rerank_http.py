@@ -21,13 +21,13 @@ DOCS = [
 
 
 @pytest.fixture(scope="module")
-def co_v2(server_url):
-    return cohere.ClientV2(base_url=server_url, api_key="unused", timeout=60)
+def co_v2(server_url, api_keys):
+    return cohere.ClientV2(base_url=server_url, api_key=api_keys["team-a"], timeout=60)
 
 
 @pytest.fixture(scope="module")
-def co_v1(server_url):
-    return cohere.Client(base_url=server_url, api_key="unused", timeout=60)
+def co_v1(server_url, api_keys):
+    return cohere.Client(base_url=server_url, api_key=api_keys["team-b"], timeout=60)
 
 
 def _rerank(client, route="/v2/rerank", **body):
@@ -213,11 +213,12 @@ def test_labelled_relevant_passages_rank_first(co_v2):
     assert hits >= 4, f"relevant passage first for {hits}/5 queries"
 
 
-def test_langchain_cohere_rerank_compresses_documents(server_url):
+def test_langchain_cohere_rerank_compresses_documents(server_url, api_keys):
     langchain_cohere = pytest.importorskip("langchain_cohere")
     from langchain_core.documents import Document
 
-    reranker = langchain_cohere.CohereRerank(base_url=server_url, cohere_api_key="unused",
+    reranker = langchain_cohere.CohereRerank(base_url=server_url,
+                                             cohere_api_key=api_keys["team-a"],
                                              model="smollm2-135m-instruct", top_n=2)
     docs = [Document(page_content=d, metadata={"k": k}) for k, d in enumerate(DOCS)]
     out = reranker.compress_documents(docs, QUERY)

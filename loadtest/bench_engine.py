@@ -6,8 +6,9 @@ Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
 (Engine.from_config, then the batch budget from Engine.measure_budget); --model and --budget
-(scheduler.max_batch_tokens; the YAML's 32768 by default, the results of 2026-11-21 in
-docs/BENCHMARKS.md used 65536) override it, and each ablation mode changes one engine or
+(scheduler.max_batch_tokens; the YAML's 32768 by default; the first engine bench,
+docs/results/bench_engine_h100*.json at 8e4c5b0 in docs/BENCHMARKS.md's "Earlier measurements",
+used 65536) override it, and each ablation mode changes one engine or
 scheduler setting of it. Workload (loadtest/workload.py, seed 0): per request a 120-token query
 and 10 items of 180 tokens, random real-vocabulary ids, different per request, labels 9454/2753.
 All requests are queued to the scheduler, which packs them by its token budget; items/s = items

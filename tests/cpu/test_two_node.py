@@ -2,7 +2,8 @@
 `ray start --head`, a second `ray start --address=...` offering a custom `scorer` resource, and
 `serve deploy` of a variant of configs/score.yaml whose ScoreWorker asks for that resource. The
 scorer replica runs on the second node and the ingress on the head; with the scorer node gone
-the ingress answers 503 (not a hang, not a 500) and scoring comes back with the node."""
+the ingress answers 503 (not a hang, not a 500) and scoring comes back with the node. API keys
+are on (auth.api_keys_file, read by the app built on the cluster): requests send one."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ NODE_DEATH_TIMEOUT_S = 180
 SCORER = "ServeReplica:score:ScoreWorker"
 INGRESS = "ServeReplica:score:ScoreIngress"
 BODY = {"query": [1, 2, 3, 4], "items": [[5, 6], [7]], "label_token_ids": [10, 20]}
+API_KEY = f"rk-two-node-{secrets.token_urlsafe(24)}"
 
 
 class TwoNodeCluster:
@@ -165,7 +167,8 @@ def health(url: str) -> int:
 def post_score(url: str) -> httpx.Response:
     # A client timeout far above the time a 503 needs: a hang fails the test, it does not
     # turn into a 408 from the proxy (request_timeout_s is raised above it in the config).
-    return httpx.post(f"{url}/v1/score", json=BODY, timeout=150)
+    return httpx.post(f"{url}/v1/score", json=BODY, timeout=150,
+                      headers={"Authorization": f"Bearer {API_KEY}"})
 
 
 def test_scorer_on_second_node_lost_then_back(small_model):
@@ -178,6 +181,9 @@ def test_scorer_on_second_node_lost_then_back(small_model):
 
     cluster = TwoNodeCluster()
     try:
+        keys_path = cluster.root / "api-keys"
+        keys_path.write_text(f"two-node:{API_KEY}\n")
+        config["applications"][0]["args"]["auth"] = {"api_keys_file": str(keys_path)}
         config_path = cluster.root / "score.yaml"
         config_path.write_text(yaml.safe_dump(config))
         cluster.start_head()
@@ -200,6 +206,7 @@ def test_scorer_on_second_node_lost_then_back(small_model):
         assert first.status_code == 200, first.text
         scores = first.json()["scores"]
         assert len(scores) == 2 and all(len(row) == 2 for row in scores)
+        assert httpx.post(f"{url}/v1/score", json=BODY, timeout=150).status_code == 401
 
         nodes = {n["node_id"]: n for n in alive_nodes(cluster)}
         head = next(i for i, n in nodes.items() if n["is_head_node"])

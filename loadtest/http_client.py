@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import aiohttp
 from tqdm import tqdm
@@ -17,12 +18,18 @@ from loadtest.stats import OK, Outcome
 from loadtest.workload import RequestFactory
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+# The API key the load tools send when the service wants one (docs/ARCHITECTURE.md, "API keys"):
+# from the environment, not the command line, where `ps` would show it.
+API_KEY_ENV = "RANKER_API_KEY"
 
 
 def make_session(headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
-    """One shared session; no cap on concurrent connections (open loop). `headers` go with
-    every request (an `Authorization: Bearer <key>` for a service with API keys on)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers)
+    """One shared session; no cap on concurrent connections (open loop). Every request carries
+    `headers` and, when $RANKER_API_KEY is set, `Authorization: Bearer` with that key."""
+    key = os.environ.get(API_KEY_ENV)
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                 headers={**auth, **(headers or {})})
 
 
 async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, n_items: int,

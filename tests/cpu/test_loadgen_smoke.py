@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadtest import loadgen, ramp
+from loadtest.http_client import API_KEY_ENV
 from loadtest.stats import Outcome, aggregate, passes, percentile, pick_best, summarize_ms
 from loadtest.workload import RequestFactory, Workload, arrival_offsets
 
@@ -151,6 +152,13 @@ def test_text_token_counts_around_item_len():
 
 
 # ---- short runs against the real service -----------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _load_tools_send_a_key(monkeypatch, api_keys):
+    # The shared service wants an API key: the load tools read it from $RANKER_API_KEY (client
+    # processes inherit it).
+    monkeypatch.setenv(API_KEY_ENV, api_keys["team-b"])
+
 
 def test_run_smoke(server_url, tmp_path):
     out = tmp_path / "run.json"

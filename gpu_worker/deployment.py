@@ -33,6 +33,8 @@ class ScoreWorker:
         engine = Engine.from_config(config.resolved_model_path(), config.engine)
         budget = engine.measure_budget(config.scheduler.max_batch_tokens,
                                        config.limits.max_seq_tokens)
+        # Before ready: a new request shape must not wait on a compile (a new replica neither).
+        engine.warm_up(budget.tokens, config.limits.max_seq_tokens)
         # The probe's rate, what record_autoscaling_stats compares the computed rate with.
         self.capacity_tokens_per_s = budget.capacity_tokens_per_s
         self.scheduler = Scheduler(engine, config.scheduler, batch_token_budget=budget.tokens)

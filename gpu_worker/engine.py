@@ -24,6 +24,7 @@ from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.loader import load_model
 from gpu_worker.model import AttentionBackend, CausalLMForScoring
 from gpu_worker.ops import CudaOps, TorchOps
+from gpu_worker.warmup import triton_variants, warm_up_batches
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item
 
@@ -120,6 +121,17 @@ class Engine:
         logger.info("warm-up done: %.0f activation bytes per token; batch budget %d tokens; "
                     "%.0f tokens/s", per_token, budget, capacity)
         return BatchBudget(budget, capacity)
+
+    def warm_up(self, budget_tokens: int, max_seq_tokens: int) -> None:
+        """Run every kernel variant a batch can need once, eagerly as under load, so that nothing
+        compiles on the request path (gpu_worker/warmup.py). GPU only."""
+        if self.device.type != "cuda":
+            return
+        started, compiled = time.perf_counter(), triton_variants()
+        for batch in warm_up_batches(budget_tokens, max_seq_tokens):
+            self.finish(self.launch(batch, [[1, 2]] * len(batch), overlapped=True))
+        logger.info("warm-up batches ran in %.1f s (%d Triton variants compiled)",
+                    time.perf_counter() - started, triton_variants() - compiled)
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
                *, overlapped: bool = False) -> Step:

@@ -1,0 +1,63 @@
+"""Start-up warm-up: every kernel variant a batch can need is built before the replica reports
+ready, so nothing compiles on the request path (docs/ARCHITECTURE.md, "Warm-up").
+
+Triton compiles a kernel on its first call and again for each new specialization of its
+arguments (each integer and pointer argument is specialized on being 16-divisible). So:
+- the fused gate/up kernel runs only from FUSED_GATE_UP_MIN_TOKENS rows: the budget-sized
+  batches here reach it (the memory probe's batch is smaller);
+- the positions a batch passes are a view into one metadata tensor after its T token ids
+  (gpu_worker/host_tensors.py), 16-aligned for an even T only: both parities run;
+- FlashInfer builds its modules on the first plan() of multi-item and of plain (empty-query)
+  layouts, and the longest sequence sets the largest positions and attention rows.
+Graph buckets are captured at start-up already; the batches here run eagerly, as under load,
+which also grows the memory pools to their working size.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
+
+QUERY_TOKENS, ITEM_TOKENS = 120, 180  # the bench shape; other shapes differ only in sizes
+
+
+def warm_up_batches(budget_tokens: int, max_seq_tokens: int) -> list[list[PackedSequence]]:
+    """Batches that together run every kernel variant: multi-item and plain, even and odd token
+    totals, at the budget and small, and one sequence of max_seq_tokens (the longest positions
+    and attention rows)."""
+    batches = []
+    for total in (budget_tokens, budget_tokens - 1, 700, 701):
+        if 0 < total <= budget_tokens:
+            batches.append(list(_multi_item_batch(total, max_seq_tokens)))
+    batches.append([pack_plain([7] * n, 0) for n in (300, 301)])  # an empty query's layout
+    batches.append([pack_plain([7] * max_seq_tokens, 0)])
+    batches.append(list(_multi_item_batch(max_seq_tokens, max_seq_tokens)))
+    return batches
+
+
+def _multi_item_batch(total: int, max_seq_tokens: int) -> Iterator[PackedSequence]:
+    """Multi-item sequences of the bench shape, then one plain sequence to make `total` tokens."""
+    one = QUERY_TOKENS + 2 * (ITEM_TOKENS + 1)  # ranker_contract/packing.py::multi_item_length
+    left = total
+    while left - one > 0:
+        items = min((left - QUERY_TOKENS - 1) // (ITEM_TOKENS + 1),
+                    (max_seq_tokens - QUERY_TOKENS - 1) // (ITEM_TOKENS + 1))
+        seq = pack_multi_item([5] * QUERY_TOKENS, [[6] * ITEM_TOKENS] * items, 0)
+        yield seq
+        left -= seq.num_tokens
+    if left:
+        yield pack_plain([7] * left, 0)
+
+
+def triton_variants() -> int:
+    """Triton kernels compiled in this process so far, over every specialization of this
+    package's kernels (Triton keeps one cache entry per variant)."""
+    count = 0
+    for name in ("add_norm_kernel", "gate_up_silu_kernel", "qkv_kernel"):
+        module = sys.modules.get(f"gpu_worker.{name}")
+        for value in vars(module).values() if module else ():
+            for cache in getattr(value, "device_caches", {}).values():
+                count += len(cache[0])
+    return count

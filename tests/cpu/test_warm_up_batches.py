@@ -1,0 +1,27 @@
+"""The warm-up's batches (gpu_worker/warmup.py) cover what a batch under load can be: both
+token-total parities at the budget and small, multi-item and plain layouts, the longest sequence,
+and nothing the scheduler or the ingress would not send."""
+
+import pytest
+
+from gpu_worker.warmup import warm_up_batches
+
+
+@pytest.mark.parametrize("budget, max_seq", [(32768, 16384), (65536, 4096), (4096, 4096),
+                                             (20000, 16384)])
+def test_batches_cover_every_variant_within_the_limits(budget, max_seq):
+    batches = warm_up_batches(budget, max_seq)
+    totals = [sum(s.num_tokens for s in batch) for batch in batches]
+    sequences = [s for batch in batches for s in batch]
+    assert max(totals) == budget and all(t <= budget for t in totals)
+    assert {budget, budget - 1} <= set(totals)  # both parities; the fused gate/up from 8192
+    assert {t % 2 for t in totals if t < 1024} == {0, 1}
+    assert all(s.num_tokens <= max_seq for s in sequences)
+    assert max(s.num_tokens for s in sequences) == max_seq
+    multi_item = [s for s in sequences if s.num_items > 1]
+    plain = [s for s in sequences if len(s.block_ends) == 1]
+    assert multi_item and plain
+    assert max(s.num_tokens for s in multi_item) > max_seq - 200  # a long query's attention
+    for s in sequences:  # well-formed: positions restart per item block, rows inside
+        assert len(s.positions) == s.num_tokens and s.block_ends[-1] == s.num_tokens
+        assert all(0 <= r < s.num_tokens for r in s.score_rows)

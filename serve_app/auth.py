@@ -131,7 +131,8 @@ class KeyStore:
             self._digests = {}
             logger.error("API keys not reloaded, every request is refused until fixed: %s", exc)
             return
-        logger.info("API keys reloaded from %s: ids %s", self._path, ", ".join(self.ids))
+        # A warning, so that it reaches Serve's replica logs: who may call has changed.
+        logger.warning("API keys reloaded from %s: ids %s", self._path, ", ".join(self.ids))
         if self.on_reload is not None:
             self.on_reload(self.ids)
 

@@ -19,6 +19,7 @@ import torch
 
 from gpu_worker.attention_flashinfer import FlashInferAttention
 from gpu_worker.attention_torch import TorchAttention
+from gpu_worker.fp8 import Fp8Setting, check_fp8_device, quantize_model
 from gpu_worker.graphs import CudaGraphs
 from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.loader import load_model
@@ -61,6 +62,10 @@ class Engine:
     def __init__(self, model: CausalLMForScoring, device: torch.device,
                  cfg: EngineConfig | None = None) -> None:
         cfg = cfg or EngineConfig()
+        if cfg.precision == "fp8":  # before any graph captures the forward
+            check_fp8_device(device)
+            quantize_model(model, Fp8Setting(cfg.fp8_linears, cfg.fp8_bf16_first_layers,
+                                             cfg.fp8_bf16_last_layers))
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size

@@ -43,6 +43,7 @@ class Ops(Protocol):
     def start_residual(self, x): ...
     def prepare_qkv(self, qkv, positions, attn: Attention): ...
     def gate_up_silu(self, x, weight): ...
+    def silu_and_mul(self, gate_up): ...
 
 
 class RMSNorm(nn.Module):
@@ -85,7 +86,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        return self.down_proj(ops.gate_up_silu(x, self.gate_up_proj.weight))
+        if isinstance(self.gate_up_proj, nn.Linear):
+            return self.down_proj(ops.gate_up_silu(x, self.gate_up_proj.weight))
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))  # FP8 (gpu_worker/fp8.py)
 
 
 class DecoderLayer(nn.Module):

@@ -81,7 +81,10 @@ class TorchOps:
 
     def gate_up_silu(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of the packed gate/up projection (no bias)."""
-        gate, up = F.linear(x, weight).chunk(2, dim=-1)
+        return self.silu_and_mul(F.linear(x, weight))
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
 
@@ -154,3 +157,6 @@ class CudaOps:
         if self.fused_gate_up and x.shape[0] >= FUSED_GATE_UP_MIN_TOKENS:
             return self._gate_up_silu(x, weight)
         return self._silu_and_mul(F.linear(x, weight))
+
+    def silu_and_mul(self, gate_up):
+        return self._silu_and_mul(gate_up)

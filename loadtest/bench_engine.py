@@ -2,7 +2,8 @@
 
 Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.6b-random]
        [--budget 65536] [--no-hf]
-       [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up]
+       [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up,fp8,
+               fp8_bf16_o]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
 (Engine.from_config, then the batch budget from Engine.measure_budget); --model and --budget
@@ -46,6 +47,11 @@ ENGINE_ABLATIONS = {
     "bf16_residual": ("bf16 residual stream", {"fp32_residual": False}),
     "fa3": ("fa3 attention", {"flashinfer_backend": "fa3"}),
     "unfused_gate_up": ("gate_up GEMM + silu_and_mul", {"fused_gate_up": False}),
+    # FP8 runs without graphs (EngineConfig refuses the pair; docs/ARCHITECTURE.md, "FP8")
+    "fp8": ("fp8 W8A8", {"precision": "fp8", "cuda_graphs": False}),
+    "fp8_bf16_o": ("fp8, o_proj in bf16", {"precision": "fp8", "cuda_graphs": False,
+                                           "fp8_linears": ("qkv_proj", "gate_up_proj",
+                                                           "down_proj")}),
 }
 
 
@@ -196,6 +202,7 @@ def main():
         if mode in modes:  # its own engine, built like the shipped one, freed after its run
             # validated: model_copy(update=...) alone would skip EngineConfig's checks
             ablation = EngineConfig.model_validate(app.engine.model_dump() | update)
+            torch.cuda.empty_cache()  # room for a second copy of a large model
             engine = Engine.from_config(args.model, ablation)
             bench(name, engine, multi)
             del engine

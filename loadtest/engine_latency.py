@@ -1,6 +1,7 @@
 """Latency of one lone request in the engine, per request shape: wall time and GPU time.
 
-Usage: python -m loadtest.engine_latency [--repeats 30] [--out docs/results/engine_latency.json]
+Usage: python -m loadtest.engine_latency [--repeats 30] [--precision bf16|fp8]
+       [--out docs/results/engine_latency.json]
 The engine is built from configs/score-gpu.yaml, once with CUDA graphs off (eager) and once with
 them on (same weights); each request is packed the way the ingress packs
 it (`pack_request`, so an empty query gives one plain sequence per item) and run alone through
@@ -80,16 +81,21 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_latency.json")
     p.add_argument("--host-profile", action="store_true")
+    p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16")
     args = p.parse_args()
     app = shipped_app_config(CONFIG)
-    eager_cfg = app.engine.model_copy(update={"cuda_graphs": False})
+    engine_cfg = app.engine.model_copy(update={"precision": args.precision})
+    eager_cfg = engine_cfg.model_copy(update={"cuda_graphs": False})
     eager = Engine.from_config(app.resolved_model_path(), eager_cfg)
     started = time.perf_counter()
-    graphs = Engine(eager.model, eager.device, app.engine.model_copy(update={"cuda_graphs": True}))
+    modes = [("eager", eager)]
+    if args.precision == "bf16":  # FP8 runs without graphs (EngineConfig refuses the pair)
+        modes.append(("graphs", Engine(eager.model, eager.device,
+                                       engine_cfg.model_copy(update={"cuda_graphs": True}))))
     capture_s = time.perf_counter() - started
     rows = []
     for (query_len, items, item_len), (mode, engine) in itertools.product(
-            SHAPES, (("eager", eager), ("graphs", graphs))):
+            SHAPES, modes):
         workload = Workload(query_len=query_len, items=items, item_len=item_len)
         query, item_ids = RequestFactory(workload, seed=0).token_ids()
         packings = {"request": pack_request(
@@ -111,7 +117,7 @@ def main() -> None:
     out = {"rows": rows, "repeats": args.repeats, "graph_capture_s": round(capture_s, 2),
            "gpu": torch.cuda.get_device_name(),
            "command": "python -m loadtest.engine_latency " + " ".join(sys.argv[1:]),
-           "engine": app.engine.model_dump()}
+           "engine": engine_cfg.model_dump()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
     print(f"CUDA graphs captured in {capture_s:.1f} s")

@@ -1,0 +1,93 @@
+"""FP8 (W8A8, e4m3) linears: per-output-channel weight scales, per-token activation scales
+(docs/ARCHITECTURE.md, "FP8").
+
+At load the chosen linears of every decoder layer are quantized from bf16: each weight row gets
+scale = amax / 448 and is stored as e4m3. At run time each input row is quantized the same way
+and the GEMM runs on FP8 tensor cores (`torch._scaled_mm`, row-wise scales, fp32 accumulation,
+bf16 out, the bias in its epilogue). Embeddings, norms, attention, the LM head at the score rows
+and the log-softmax stay as they are. Off CUDA, `Fp8Linear` computes the same quantized values
+with an fp32 matmul: a simulation for the fidelity tool (loadtest/fidelity.py), never served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpu_worker.model import CausalLMForScoring
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest e4m3 value
+MIN_SCALE = 1.0 / (FP8_MAX * 512)  # an all-zero row (padding) must not divide by zero
+LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+MIN_CAPABILITY = (8, 9)  # Ada and Hopper have FP8 tensor cores
+
+
+@dataclass(frozen=True)
+class Fp8Setting:
+    """Which linears run in FP8 (the others stay bf16), and how many of the first and last
+    decoder layers stay bf16 entirely."""
+
+    linears: tuple[str, ...] = LINEARS
+    bf16_first_layers: int = 0
+    bf16_last_layers: int = 0
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] → e4m3 [M, K] and fp32 scales [M, 1], one per row: x ≈ q * scale."""
+    if x.is_cuda:
+        from gpu_worker.fp8_quant_kernel import quantize_rows_fp8
+
+        return quantize_rows_fp8(x, FP8_MAX, MIN_SCALE)
+    scale = (x.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=MIN_SCALE)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+class Fp8Linear(nn.Module):
+    """y = x W^T (+ b) with W in e4m3 and one fp32 scale per output channel."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight, scale = quantize_rows(linear.weight.detach())
+        self.weight = nn.Parameter(weight, requires_grad=False)  # [N, K] e4m3
+        self.weight_scale = nn.Parameter(scale.t().contiguous(), requires_grad=False)  # [1, N]
+        self.bias = linear.bias
+        self.out_dtype = linear.weight.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, scale = quantize_rows(x)
+        if x.is_cuda:
+            return torch._scaled_mm(q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale,
+                                    bias=self.bias, out_dtype=self.out_dtype)
+        out = (q.float() * scale) @ (self.weight.float() * self.weight_scale.t()).t()
+        if self.bias is not None:
+            out = out + self.bias.float()
+        return out.to(self.out_dtype)
+
+
+def quantize_model(model: CausalLMForScoring, setting: Fp8Setting) -> int:
+    """Swap the chosen linears of `model` for Fp8Linear in place; returns how many."""
+    layers = model.model.layers
+    swapped = 0
+    for i, layer in enumerate(layers):
+        if i < setting.bf16_first_layers or i >= len(layers) - setting.bf16_last_layers:
+            continue
+        for parent in (layer.self_attn, layer.mlp):
+            for name in LINEARS:
+                if name in setting.linears and isinstance(getattr(parent, name, None), nn.Linear):
+                    setattr(parent, name, Fp8Linear(getattr(parent, name)))
+                    swapped += 1
+    return swapped
+
+
+def check_fp8_device(device: torch.device) -> None:
+    """Serving FP8 needs FP8 tensor cores: refuse anything else at start-up, naming the setting."""
+    if device.type != "cuda":
+        raise ValueError("engine.precision: fp8 needs device 'cuda' (FP8 tensor cores); "
+                         "use precision bf16 on CPU")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        raise ValueError(f"engine.precision: fp8 needs a GPU of compute capability 8.9 or newer "
+                         f"(this one: {capability[0]}.{capability[1]}); use precision bf16")

@@ -33,6 +33,7 @@ from tqdm import tqdm  # noqa: E402
 
 from gpu_worker.engine import Engine  # noqa: E402
 from loadtest import REPO_ROOT, RESULTS_DIR  # noqa: E402
+from loadtest.cli_args import add_engine_bench_args  # noqa: E402
 from loadtest.configs import shipped_app_config  # noqa: E402
 from loadtest.hf_baseline import HFBaseline  # noqa: E402
 from loadtest.workload import RequestFactory, Workload  # noqa: E402
@@ -73,12 +74,8 @@ def run_timed(modes: dict, order: list, bar: tqdm) -> tuple[dict[str, float], di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help=f"default: model_path of configs/{CONFIG}")
-    parser.add_argument("--requests", type=int, default=20)
+    add_engine_bench_args(parser, CONFIG, requests=20, shape=(100, 10, 20))
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--query-len", type=int, default=100)
-    parser.add_argument("--items", type=int, default=10)
-    parser.add_argument("--item-len", type=int, default=20)
     parser.add_argument("--batch-requests", type=int, default=4)
     parser.add_argument("--labels", type=int, nargs="+", default=[10539, 5230])  # "Yes", "No"
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,

@@ -33,6 +33,7 @@ import torch
 from gpu_worker.engine import Engine, Step
 from gpu_worker.scheduler import Scheduler, ScoreTask
 from loadtest import RESULTS_DIR
+from loadtest.cli_args import add_engine_bench_args
 from loadtest.configs import shipped_app_config
 from loadtest.hf_baseline import HFBaseline
 from loadtest.workload import RequestFactory, Workload
@@ -150,11 +151,7 @@ def attention_seconds(engine, sequences):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, help=f"default: model_path of configs/{CONFIG}")
-    p.add_argument("--requests", type=int, default=512)
-    p.add_argument("--query-len", type=int, default=120)
-    p.add_argument("--items", type=int, default=10)
-    p.add_argument("--item-len", type=int, default=180)
+    add_engine_bench_args(p, CONFIG, requests=512, shape=(120, 10, 180))
     p.add_argument("--budget", type=int,
                    help="scheduler.max_batch_tokens (default: the YAML's; 0: from free memory)")
     p.add_argument("--modes", default="engine,sync,bf16_residual,one_per_item,torch_ops,fa3,"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,8 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from loadtest.service import LocalServer, free_port
 
 DISCOVERY_FILE = "prom_metrics_service_discovery.json"
 SCRAPE_INTERVAL_S = 1
@@ -36,21 +37,9 @@ def find_prometheus() -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
-class PrometheusServer:
-    url: str
-    proc: subprocess.Popen
-    workdir: Path
-
-    @property
-    def log(self) -> str:
-        return (self.workdir / "prometheus.log").read_text(errors="replace")
+class PrometheusServer(LocalServer):
+    LOG_FILE = "prometheus.log"
 
     def api(self, path: str, **params) -> dict | list:
         query = urllib.parse.urlencode(params)
@@ -91,8 +80,8 @@ def start_prometheus(session_dir: Path) -> PrometheusServer:
             {"files": [str(session_dir / DISCOVERY_FILE)], "refresh_interval": "5s"}]}],
     }
     (workdir / "prometheus.yml").write_text(json.dumps(config))  # JSON is valid YAML
-    port = _free_port()
-    with open(workdir / "prometheus.log", "w") as log:
+    port = free_port()
+    with open(workdir / PrometheusServer.LOG_FILE, "w") as log:
         proc = subprocess.Popen([binary, f"--config.file={workdir / 'prometheus.yml'}",
                                  f"--storage.tsdb.path={workdir / 'data'}",
                                  f"--web.listen-address=127.0.0.1:{port}"],

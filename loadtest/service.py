@@ -69,21 +69,29 @@ def deployment(config: dict, name: str) -> dict:
 
 
 @dataclass
-class Service:
+class LocalServer:
+    """A server this tooling started: its URL, process, and working folder holding LOG_FILE."""
+
     url: str
     proc: subprocess.Popen
     workdir: Path
+    LOG_FILE = "serve.log"
 
     @property
     def log(self) -> str:
-        return (self.workdir / "serve.log").read_text(errors="replace")
+        return (self.workdir / self.LOG_FILE).read_text(errors="replace")
+
+
+@dataclass
+class Service(LocalServer):
+    """`serve run` of a config (start_service)."""
 
     def lines_containing(self, secrets: list[str]) -> list[str]:
         """`file:line number` of each line of serve run's output and of this service's Ray
         session logs that holds one of `secrets` (API keys must appear in none)."""
         found = []
         logs = sorted((self.session_dir() / "logs").rglob("*"))
-        for path in [self.workdir / "serve.log", *logs]:
+        for path in [self.workdir / self.LOG_FILE, *logs]:
             if not path.is_file():
                 continue
             with open(path, errors="replace") as text:
@@ -126,7 +134,7 @@ def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Serv
     (workdir / "score.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(extra_env or {})
-    with open(workdir / "serve.log", "w") as log:
+    with open(workdir / Service.LOG_FILE, "w") as log:
         proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "serve"), "run", str(workdir / "score.yaml")],
             cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,

@@ -12,18 +12,10 @@ import time
 
 import pytest
 
+import loadtest.service as tooling
 from loadtest.http_client import make_session
 from loadtest.loadgen import run_closed_loop
 from loadtest.prom import scrape, service_sample
-from loadtest.service import (
-    FAST_METRICS_ENV,
-    deployment,
-    small_model_config,
-    start_service,
-    stop_service,
-    wait_until,
-    without_refusals,
-)
 from loadtest.stats import OK
 from loadtest.workload import Workload
 
@@ -66,12 +58,12 @@ async def _load_until_serving(url: str, metrics_url: str, replicas: int) -> tupl
 
 def test_load_scales_scorers_up_and_back_down_without_failures(small_model):
     # Nothing is refused here: the load waits while replicas are added.
-    config = without_refusals(small_model_config(small_model))
-    worker = deployment(config, "ScoreWorker")
+    config = tooling.without_refusals(tooling.small_model_config(small_model))
+    worker = tooling.deployment(config, "ScoreWorker")
     worker["ray_actor_options"]["num_cpus"] = 0.5  # 3 replicas fit Ray's 2 logical CPUs
     worker["autoscaling_config"].update(max_replicas=3, upscale_delay_s=1, downscale_delay_s=10)
     worker["autoscaling_config"]["policy"]["policy_kwargs"] = {"target_tokens_per_replica": 1024}
-    svc = start_service(config, FAST_METRICS_ENV)
+    svc = tooling.start_service(config, tooling.FAST_METRICS_ENV)
     try:
         assert len(svc.replica_processes("ScoreWorker")) == 1
         outcomes, seconds = asyncio.run(_load_until_serving(svc.url, svc.metrics_url(), 2))
@@ -81,7 +73,7 @@ def test_load_scales_scorers_up_and_back_down_without_failures(small_model):
         assert seconds is not None, f"not two scorers serving after {SCALE_UP_DEADLINE_S} s"
         assert outcomes and not failures
         # Load gone: the extra replicas drain (graceful shutdown) and stop.
-        wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 1,
-                   SCALE_DOWN_DEADLINE_S, "back to one scorer replica", svc)
+        tooling.wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 1,
+                           SCALE_DOWN_DEADLINE_S, "back to one scorer replica", svc)
     finally:
-        stop_service(svc)
+        tooling.stop_service(svc)

@@ -19,6 +19,7 @@ from gpu_worker.engine import Engine
 from gpu_worker.scheduler import Scheduler, ScoreTask
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
+from tests.cpu.sequences import mixed_sequences
 
 TOL = 1e-4
 # Keys of conftest.TINY_FAMILIES: every architecture variant the loader must handle.
@@ -125,23 +126,6 @@ def test_mixed_batch_matches_hf(case: Case):
             assert_close(row, case.hf_logprobs(ref_tokens, labels), f"sequence {j} item {k}")
 
 
-def _loop_sequences() -> list[PackedSequence]:
-    """Eight requests' worth of sequences, 17 to 65 tokens, plain and multi-item mixed."""
-    rng = random.Random("scheduler")
-
-    def toks(n: int) -> list[int]:
-        return [rng.randrange(512) for _ in range(n)]
-
-    seqs = []
-    for k in range(8):
-        if k % 3 == 2:
-            seqs.append(pack_plain(toks(13 + 2 * k), 0))
-        else:
-            items = [toks(rng.randrange(0, 12)) for _ in range(1 + k % 4)]
-            seqs.append(pack_multi_item(toks(20 + 3 * k), items, delimiter_id=1))
-    return seqs
-
-
 def _through_the_loop(engine: Engine, sequences: list[PackedSequence], labels: list[int],
                       overlap: bool) -> tuple[list, int]:
     """Every sequence queued before the loop starts (so the batches are the same in every run):
@@ -162,7 +146,7 @@ def _through_the_loop(engine: Engine, sequences: list[PackedSequence], labels: l
 def test_the_loop_scores_like_the_engine_alone(tiny_checkpoint, engine_for, score_sequences):
     """The real engine in the scheduling loop: overlap and synchronous give the same floats over
     several batches, and each sequence scores as it does launched alone."""
-    engine, labels, sequences = engine_for(tiny_checkpoint("llama")), [0, 5, 511], _loop_sequences()
+    engine, labels, sequences = engine_for(tiny_checkpoint("llama")), [0, 5, 511], mixed_sequences()
     (overlapped, batches), (synchronous, batches_sync) = (
         _through_the_loop(engine, sequences, labels, overlap) for overlap in (True, False))
     assert batches == batches_sync > 1  # several batches, so overlap really overlapped

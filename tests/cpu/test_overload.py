@@ -15,17 +15,10 @@ import aiohttp
 import httpx
 import pytest
 
+import loadtest.service as tooling
 from loadtest.http_client import make_session
 from loadtest.loadgen import RateConfig, run_rate
 from loadtest.prom import scrape, service_sample
-from loadtest.service import (
-    FAST_METRICS_ENV,
-    deployment,
-    small_model_config,
-    start_service,
-    stop_service,
-    wait_until,
-)
 from loadtest.workload import RequestFactory, Workload
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
@@ -44,16 +37,16 @@ GOODPUT_MARGIN = 0.6
 
 @pytest.fixture(scope="module")
 def service(small_model):
-    config = small_model_config(small_model)
+    config = tooling.small_model_config(small_model)
     config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 16384
     config["applications"][0]["args"]["auth"] = {"api_keys_env": KEYS_ENV}
-    deployment(config, "ScoreIngress").update(
+    tooling.deployment(config, "ScoreIngress").update(
         max_ongoing_requests=MAX_ONGOING, max_queued_requests=MAX_QUEUED,
         backpressure_config={"status_code": 503, "retry_after_s": 1})
     keys = f"load:{API_KEY},other:{secrets.token_urlsafe(24)}"  # entries: comma-separated
-    svc = start_service(config, {**FAST_METRICS_ENV, KEYS_ENV: keys})
+    svc = tooling.start_service(config, {**tooling.FAST_METRICS_ENV, KEYS_ENV: keys})
     yield svc
-    stop_service(svc)
+    tooling.stop_service(svc)
 
 
 def _quiet(svc) -> bool:
@@ -153,8 +146,8 @@ def test_shed_requests_get_retry_after_quickly(service):
     assert served and max(r[2] for r in shed) < served[len(served) // 2], (shed, served)
     # Each refusal is logged as one line, never with a traceback (logs reach serve run's
     # output a little late).
-    wait_until(lambda: _refusal_lines(service) - lines_before >= len(shed), 30,
-               "a log line per refusal", service)
+    tooling.wait_until(lambda: _refusal_lines(service) - lines_before >= len(shed), 30,
+                       "a log line per refusal", service)
     assert "Traceback" not in service.log
 
 
@@ -163,7 +156,7 @@ def test_requests_whose_client_left_are_not_computed(service):
     by a client timeout (disconnect) and by Serve's per-request timeout (408)."""
     url = f"{service.url}/v1/score"
 
-    wait_until(lambda: _quiet(service), 60, "scorer quiet before the test", service)
+    tooling.wait_until(lambda: _quiet(service), 60, "scorer quiet before the test", service)
     before = service_sample(scrape(service.metrics_url()))
     cancelled_before = _cancelled(service)
 
@@ -195,7 +188,7 @@ def test_requests_whose_client_left_are_not_computed(service):
     assert set(filled) <= {200, 503} and filled.count(200) >= 3
     queued_then_abandoned = sum(status != 503 for status in abandoned)
 
-    wait_until(lambda: _quiet(service), 30, "scorer quiet with the drops counted", service)
+    tooling.wait_until(lambda: _quiet(service), 30, "scorer quiet with the drops counted", service)
     after = service_sample(scrape(service.metrics_url()))
     dropped = after.dropped - before.dropped
     scored = sum(after.items_scored.values()) - sum(before.items_scored.values())
@@ -208,8 +201,9 @@ def test_requests_whose_client_left_are_not_computed(service):
     # The ingress counts a request abandoned while in its hands with the status the client
     # and Serve give a timeout, 408, whether its client hung up or timed out: every dropped
     # sequence was such a request, and one refused (503) was not cancelled.
-    wait_until(lambda: _cancelled(service).get("408", 0) - cancelled_before["408"] >= dropped,
-               30, "the cancellations counted", service)
+    tooling.wait_until(
+        lambda: _cancelled(service).get("408", 0) - cancelled_before["408"] >= dropped,
+        30, "the cancellations counted", service)
     cancelled = _cancelled(service)
     assert set(cancelled) == {"408"}, cancelled
     assert cancelled["408"] - cancelled_before["408"] <= queued_then_abandoned

@@ -8,18 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+import loadtest.service as tooling
 from loadtest.http_client import make_session
 from loadtest.loadgen import RateConfig, run_rate
 from loadtest.prom import scrape
-from loadtest.service import (
-    FAST_METRICS_ENV,
-    deployment,
-    small_model_config,
-    start_service,
-    stop_service,
-    wait_until,
-    without_refusals,
-)
 from loadtest.workload import RequestFactory, Workload
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
@@ -48,8 +40,8 @@ def _burst_then_kill(svc, victim, statuses: list[int]) -> None:
         posts = [pool.submit(httpx.post, f"{svc.url}/v1/score", content=b, timeout=120,
                              headers={"Content-Type": "application/json"}) for b in bodies]
         metrics_url = svc.metrics_url()
-        wait_until(lambda: _busy_scorers(metrics_url) == 2, 60, "both scorers busy", svc,
-                   every_s=0.2)
+        tooling.wait_until(lambda: _busy_scorers(metrics_url) == 2, 60, "both scorers busy",
+                           svc, every_s=0.2)
         victim.kill()  # SIGKILL
         statuses.extend(p.result().status_code for p in posts)
 
@@ -57,15 +49,15 @@ def _burst_then_kill(svc, victim, statuses: list[int]) -> None:
 def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
     # On a busy machine the one scorer left is over capacity for a while, and a 503 there would
     # hide a loss.
-    config = without_refusals(small_model_config(small_model))
-    worker = deployment(config, "ScoreWorker")
+    config = tooling.without_refusals(tooling.small_model_config(small_model))
+    worker = tooling.deployment(config, "ScoreWorker")
     worker.pop("autoscaling_config")
     worker.update(num_replicas=2)
     worker["ray_actor_options"]["num_cpus"] = 0.5
-    svc = start_service(config, FAST_METRICS_ENV)
+    svc = tooling.start_service(config, tooling.FAST_METRICS_ENV)
     try:
-        wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 240, "two scorers",
-                   svc)
+        tooling.wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 240,
+                           "two scorers", svc)
         victim = svc.replica_processes("ScoreWorker")[0]
         burst_statuses: list[int] = []
         killer = threading.Timer(8.0, _burst_then_kill, (svc, victim, burst_statuses))
@@ -86,12 +78,12 @@ def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
         assert point["failed"] == 0 and all(o.kind == "ok" for o in outcomes), point["failures"]
         assert burst_statuses == [200] * BURST_REQUESTS
         # The kill did hit jobs in flight, and they were sent again (metrics lag ~1 s).
-        wait_until(lambda: sum(v for n, _, v in scrape(svc.metrics_url())
-                               if n == "ray_ranker_scorer_retries_total") >= 1,
-                   60, "a retry counted", svc)
+        tooling.wait_until(lambda: sum(v for n, _, v in scrape(svc.metrics_url())
+                                       if n == "ray_ranker_scorer_retries_total") >= 1,
+                           60, "a retry counted", svc)
         # Serve replaces the dead replica; the service is healthy again.
-        wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 240,
-                   "dead scorer replaced", svc)
+        tooling.wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 240,
+                           "dead scorer replaced", svc)
         assert httpx.get(f"{svc.url}/health", timeout=10).status_code == 200
     finally:
-        stop_service(svc)
+        tooling.stop_service(svc)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import random
 import subprocess
 import sys
 import threading
@@ -22,8 +21,9 @@ import pytest
 from gpu_worker.scheduler import QueueDepth, Scheduler, ScoreTask
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
-from ranker_contract.packing import PackedSequence, ScoreJob, pack_multi_item, pack_plain
+from ranker_contract.packing import PackedSequence, ScoreJob
 from tests.cpu.fake_engine import FakeEngine, fake_scores
+from tests.cpu.sequences import mixed_sequences
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30.0
@@ -33,20 +33,7 @@ IDLE = QueueDepth(0, 0, 0, 0)
 
 @pytest.fixture(scope="module")
 def sequences() -> list[PackedSequence]:
-    """Eight requests' worth of sequences, 17 to 65 tokens, plain and multi-item mixed."""
-    rng = random.Random("scheduler")
-
-    def toks(n: int) -> list[int]:
-        return [rng.randrange(512) for _ in range(n)]
-
-    seqs = []
-    for k in range(8):
-        if k % 3 == 2:
-            seqs.append(pack_plain(toks(13 + 2 * k), 0))
-        else:
-            items = [toks(rng.randrange(0, 12)) for _ in range(1 + k % 4)]
-            seqs.append(pack_multi_item(toks(20 + 3 * k), items, delimiter_id=1))
-    return seqs
+    return mixed_sequences()
 
 
 class Collector:

@@ -94,8 +94,8 @@ class Engine:
 
     def measure_budget(self, max_batch_tokens: int, min_batch_tokens: int) -> BatchBudget:
         """The batch budget and the probe's rate. On CPU: `max_batch_tokens`, no rate. On a GPU a
-        multi-item probe batch compiles every kernel before the replica reports ready and
-        measures activation memory per token:
+        multi-item probe batch measures activation memory per token (warm_up then runs every
+        kernel variant at the budget):
 
             budget = MEMORY_FRACTION * free_memory_after_weights / peak_bytes_per_token
 

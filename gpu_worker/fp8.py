@@ -11,6 +11,8 @@ with an fp32 matmul: a simulation for the fidelity tool (loadtest/fidelity.py), 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,13 +38,20 @@ class Fp8Setting:
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] → e4m3 [M, K] and fp32 scales [M, 1], one per row: x ≈ q * scale."""
-    if x.is_cuda:
-        from gpu_worker.fp8_quant_kernel import quantize_rows_fp8
-
-        return quantize_rows_fp8(x, FP8_MAX, MIN_SCALE)
+    """[M, K] → e4m3 [M, K] and fp32 scales [M, 1], one per row: x ≈ q * scale (torch ops; the
+    reference the Triton kernel of gpu_worker/fp8_quant_kernel.py follows on CUDA)."""
     scale = (x.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=MIN_SCALE)
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def row_quantizer(device: torch.device) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+    """quantize_rows for tensors on `device`: one Triton kernel on CUDA, torch ops elsewhere.
+    Resolved once per linear, so the per-layer forward imports nothing."""
+    if device.type != "cuda":
+        return quantize_rows
+    from gpu_worker.fp8_quant_kernel import quantize_rows_fp8  # Triton: GPU hosts only
+
+    return functools.partial(quantize_rows_fp8, fp8_max=FP8_MAX, min_scale=MIN_SCALE)
 
 
 class Fp8Linear(nn.Module):
@@ -50,14 +59,15 @@ class Fp8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        weight, scale = quantize_rows(linear.weight.detach())
+        self.quantize = row_quantizer(linear.weight.device)
+        weight, scale = self.quantize(linear.weight.detach())
         self.weight = nn.Parameter(weight, requires_grad=False)  # [N, K] e4m3
         self.weight_scale = nn.Parameter(scale.t().contiguous(), requires_grad=False)  # [1, N]
         self.bias = linear.bias
         self.out_dtype = linear.weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, scale = quantize_rows(x)
+        q, scale = self.quantize(x)
         if x.is_cuda:
             return torch._scaled_mm(q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale,
                                     bias=self.bias, out_dtype=self.out_dtype)
@@ -75,8 +85,8 @@ def quantize_model(model: CausalLMForScoring, setting: Fp8Setting) -> int:
         if i < setting.bf16_first_layers or i >= len(layers) - setting.bf16_last_layers:
             continue
         for parent in (layer.self_attn, layer.mlp):
-            for name in LINEARS:
-                if name in setting.linears and isinstance(getattr(parent, name, None), nn.Linear):
+            for name in setting.linears:
+                if isinstance(getattr(parent, name, None), nn.Linear):
                     setattr(parent, name, Fp8Linear(getattr(parent, name)))
                     swapped += 1
     return swapped

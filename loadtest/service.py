@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -57,7 +58,34 @@ def without_refusals(config: dict) -> dict:
     return config
 
 
+# Ray's worker processes take ports 10002-19999 by default, and every process Ray starts binds
+# kernel-chosen (ephemeral) ports while it comes up: a port picked in either range can be taken
+# between our pick and the bind by the service we start (seen in CI as "Failed to bind").
+_RAY_WORKER_PORTS_END = 20000
+
+
+def _ephemeral_ports_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+_handed_out: set[int] = set()  # a caller may ask for several before binding any
+
+
 def free_port() -> int:
+    """A port free now, chosen outside the ranges Ray and the kernel hand out by themselves."""
+    candidates = list(set(range(_RAY_WORKER_PORTS_END, _ephemeral_ports_start())) - _handed_out)
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -113,6 +113,8 @@ class WorkerMetrics:
             self._dropped_seen = dropped
         if self.cache is not None:
             self._publish_cache()
+        else:
+            self.cache_tokens.set(0)  # a gauge not set lately is not exported
 
     def _publish_cache(self) -> None:
         now, seen = dataclasses.replace(self.cache), self._cache_seen  # a snapshot

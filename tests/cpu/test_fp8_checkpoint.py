@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from gpu_worker.engine import Engine
 from gpu_worker.fp8 import Fp8Linear, Fp8Setting, quantize_model
 from gpu_worker.loader import load_model
+from loadtest.fidelity import build_engine
 from loadtest.random_model import save_random_model
 from ranker_contract.config import EngineConfig
 from ranker_contract.model_config import ModelFolderError
@@ -241,6 +242,19 @@ def test_settings_choose_which_stored_fp8_linears_run_in_fp8(checkpoint):
         first.mlp.down_proj))
     assert torch.equal(_linear(model, 1, "mlp.down_proj").weight, expected_down)
     assert torch.equal(_linear(model, 1, "self_attn.qkv_proj").weight, stored_qkv)
+
+
+def test_fidelity_tool_compares_the_stored_fp8_with_its_dequantized_weights(checkpoint):
+    path = checkpoint("compressed-tensors")
+    stored = load_model(path, torch.float32, CPU, precision="fp8")
+    fp8 = build_engine(path, "no_down", "cpu").model.model.layers[1]
+    assert torch.equal(fp8.self_attn.qkv_proj.weight.view(torch.uint8),
+                       stored.model.layers[1].self_attn.qkv_proj.weight.view(torch.uint8))
+    down = stored.model.layers[1].mlp.down_proj.dequantized().weight.to(torch.bfloat16)
+    assert torch.equal(fp8.mlp.down_proj.weight, down)
+    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        qkv = build_engine(path, precision, "cpu").model.model.layers[1].self_attn.qkv_proj
+        assert type(qkv) is torch.nn.Linear and qkv.weight.dtype == dtype
 
 
 def test_fp8_checkpoint_with_precision_bf16_needs_dequantize_explicitly(checkpoint):

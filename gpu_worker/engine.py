@@ -95,7 +95,9 @@ class Engine:
         elif not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' was configured but torch sees no CUDA device")
         device = torch.device(cfg.device)
-        return cls(load_model(model_path, getattr(torch, cfg.dtype), device), device, cfg)
+        model = load_model(model_path, getattr(torch, cfg.dtype), device, cfg.precision,
+                           cfg.dequantize_fp8_checkpoint)
+        return cls(model, device, cfg)
 
     def measure_budget(self, max_batch_tokens: int, min_batch_tokens: int) -> BatchBudget:
         """The batch budget and the probe's rate. On CPU: `max_batch_tokens`, no rate. On a GPU a

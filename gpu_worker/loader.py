@@ -9,25 +9,34 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from gpu_worker.fp8_checkpoint import Fp8Checkpoint, load_dtype
 from gpu_worker.model import PACKED_MODULES, CausalLMForScoring
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 
 logger = logging.getLogger(__name__)
 
 
-def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> CausalLMForScoring:
+def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device,
+               precision: str = "bf16", dequantize_fp8: bool = False) -> CausalLMForScoring:
+    """`precision` and `dequantize_fp8` (engine.dequantize_fp8_checkpoint) decide how an FP8
+    checkpoint loads (gpu_worker/fp8_checkpoint.py); a bf16 checkpoint ignores them."""
     folder = Path(folder)
     cfg = ModelConfig.from_folder(folder)
+    fp8 = Fp8Checkpoint.from_folder(folder, dtype, precision, dequantize_fp8)
     files = _safetensors_files(folder)
     with torch.device("meta"):
         model = CausalLMForScoring(cfg)
     state: dict[str, torch.Tensor] = {}
     for f in files:  # straight onto the device: packing and casting there is fast
         state.update(load_file(f, device=str(device)))
+    if fp8 is not None:
+        state = fp8.prepare(state)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     # Old checkpoints store RoPE frequencies; we compute them from the config.
     state = _pack({k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")})
+    if fp8 is not None:
+        fp8.install(model, state, device)
     tied_head = cfg.tie_word_embeddings
     expected = {k for k in model.state_dict() if not (tied_head and k == "lm_head.weight")}
     missing, unexpected = expected - state.keys(), state.keys() - expected
@@ -36,7 +45,7 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> 
             f"{folder}: weights do not match a {cfg.model_type} model: "
             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    state = {k: v.to(device=device, dtype=load_dtype(k, v, dtype)) for k, v in state.items()}
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -3,6 +3,7 @@
 Usage:
   python -m loadtest.bench_prefix cache [--workloads profile,pages,standard] [--text natural]
   python -m loadtest.bench_prefix routing [--rate 60] [--seconds 20]
+  python -m loadtest.bench_prefix engine [--config score.yaml] [--requests 24]
 
 `cache`: for each workload of loadtest/workload.py's PRESETS, one `serve run` of
 configs/score-gpu.yaml with the cache off and one with it on (--cache-tokens), each swept with
@@ -11,6 +12,9 @@ items/s and the hit rate the scorer's metrics counted (appends to prefix.json).
 `routing`: two scorer replicas sharing the GPU (num_gpus 0.5 each), cache on, `profile` at a
 fixed rate: the hit rate with the prefix-affinity router, with Serve's default router
 (power of two choices), and with one replica (writes routing.json).
+`engine`: no HTTP, any device: the engine of --config with the cache off and on (one model),
+each request of the workload launched alone, off and on interleaved request by request; records
+items/s of each, their ratio, and the largest score difference between them (prefix_engine.json).
 Results in --out-dir (default docs/results/prefix_h100/); prints one line per run.
 """
 
@@ -18,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,7 +36,7 @@ from loadtest.http_client import make_session
 from loadtest.loadgen import RateConfig, run_rate, run_sweep
 from loadtest.prom import scrape
 from loadtest.service import Service, deployment, start_service, stop_service
-from loadtest.workload import PRESETS, Workload
+from loadtest.workload import PRESETS, RequestFactory, Workload
 
 CONFIG = "score-gpu.yaml"
 # Serve's own default, named explicitly to undo the affinity router that build_app sets.
@@ -142,9 +148,65 @@ def run_routing(args: argparse.Namespace, command: str) -> dict:
     return out
 
 
+def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
+    import torch
+
+    from gpu_worker.engine import Engine
+    from loadtest.configs import shipped_app_config
+    from ranker_contract.packing import pack_request
+
+    app = shipped_app_config(args.config)
+    off = Engine.from_config(app.resolved_model_path(), app.engine)
+    on = Engine(off.model, off.device, app.engine.model_copy(
+        update={"prefix_cache_tokens": args.cache_tokens}))
+    rows = []
+    for name in args.workloads.split(","):
+        workload = Workload(**PRESETS[name], vocab=off.vocab_size, labels=(1, 2))
+        factory = RequestFactory(workload, seed=name)
+        warm = workload.query_repeats  # one whole query's requests, not timed
+        requests = [pack_request(*factory.token_ids(), item_first=False, delimiter_id=0,
+                                 max_seq_tokens=app.limits.max_seq_tokens, max_context=1 << 20)
+                    for _ in range(warm + args.requests)]
+        for sequences in requests[:warm]:
+            for engine in (off, on):
+                engine.finish(engine.launch(sequences, [[1, 2]] * len(sequences)))
+        seconds, diff = {"off": 0.0, "on": 0.0}, 0.0
+        before = dataclasses.replace(on.prefix_cache.stats)
+        for sequences in requests[warm:]:
+            got = {}
+            for mode, engine in (("off", off), ("on", on)):
+                if off.device.type == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                got[mode] = engine.finish(engine.launch(sequences, [[1, 2]] * len(sequences)))
+                seconds[mode] += time.perf_counter() - started
+            diff = max(diff, *(abs(a - b) for s1, s2 in zip(got["off"], got["on"])
+                               for r1, r2 in zip(s1, s2) for a, b in zip(r1, r2)))
+        stats = on.prefix_cache.stats
+        items = args.requests * workload.items
+        rows.append({"device": gpu_name() if off.device.type == "cuda" else "cpu",
+                     "commit": args.commit, "command": command, "config": args.config,
+                     "model": str(app.model_path), "dtype": app.engine.dtype, "workload": name,
+                     "describe": workload.describe(), "requests": args.requests,
+                     "items_per_s_off": round(items / seconds["off"], 2),
+                     "items_per_s_on": round(items / seconds["on"], 2),
+                     "on_over_off": round(seconds["off"] / seconds["on"], 3),
+                     "hit_rate": round((stats.hits - before.hits) / max(
+                         1, sum(getattr(stats, k) - getattr(before, k)
+                                for k in ("hits", "misses", "bypasses"))), 4),
+                     "max_abs_logprob_diff_on_vs_off": diff})
+        r = rows[-1]
+        print(f"{name:8s} engine: off {r['items_per_s_off']} items/s, on {r['items_per_s_on']} "
+              f"items/s ({r['on_over_off']}x), hit rate {r['hit_rate']}, max |Δ| {diff:.1e}",
+              flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("mode", choices=("cache", "routing"))
+    p.add_argument("mode", choices=("cache", "routing", "engine"))
+    p.add_argument("--config", default="score.yaml", help="engine: configs/NAME")
+    p.add_argument("--requests", type=int, default=24, help="engine: requests per workload")
     p.add_argument("--workloads", default="profile,pages,standard")
     p.add_argument("--text", choices=("natural",), help="send text (default: token ids)")
     p.add_argument("--cache-tokens", type=int, default=131072,
@@ -167,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
         kept = [r for r in (json.loads(path.read_text()) if path.is_file() else [])
                 if (r["workload"], r["text"], r["cache"]) not in done]
         path.write_text(json.dumps(kept + rows, indent=1))
+    elif args.mode == "engine":
+        path = args.out_dir / "prefix_engine.json"
+        path.write_text(json.dumps(run_engine(args, command), indent=1))
     else:
         path = args.out_dir / "routing.json"
         path.write_text(json.dumps(run_routing(args, command), indent=1))

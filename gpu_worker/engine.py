@@ -181,9 +181,14 @@ class Engine:
                                            cache.cached_queries if cache else None)
         attend = (CachedAttention(self.attention, self.prefix_cache, *cache_tensors)
                   if cache and cache.active else self.attention)
-        with torch.inference_mode():
-            hidden = self.model.model(ids, pos, rows, self.ops, attend)
-            out = self.model.label_logprobs(hidden, label_rows_dev, label_ids_dev)
+        try:
+            with torch.inference_mode():
+                hidden = self.model.model(ids, pos, rows, self.ops, attend)
+                out = self.model.label_logprobs(hidden, label_rows_dev, label_ids_dev)
+        except BaseException:
+            if cache is not None:  # its new entries were never filled: no later batch may hit
+                self.prefix_cache.forget(cache)
+            raise
         if not on_cuda:
             return Step((host, *plan_tensors), out, None, items_and_labels)
         return self._read_back(out, (host, dev, *plan_tensors), items_and_labels)

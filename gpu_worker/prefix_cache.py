@@ -49,6 +49,7 @@ class CachePlan:
     insert_rows: list[int] = field(default_factory=list)  # batch rows copied into the pool...
     insert_slots: list[int] = field(default_factory=list)  # ...at these slots
     gather_slots: list[int] = field(default_factory=list)  # slots appended after the batch rows
+    inserted: list[bytes] = field(default_factory=list)  # entries this batch fills
 
     @property
     def active(self) -> bool:
@@ -115,6 +116,7 @@ class PrefixCache:
                 self.stats.bypasses += 1
             else:
                 self.entries[key] = slots
+                plan.inserted.append(key)
                 used.add(key)
                 inserts.append((len(forms), slots))
                 self.stats.misses += 1
@@ -128,6 +130,14 @@ class PrefixCache:
             plan.insert_slots.extend(slots)
         self.stats.cached_tokens = len(self.k[0]) - len(self.free)
         return plan
+
+    def forget(self, plan: CachePlan) -> None:
+        """Drop the entries `plan` was to fill: its batch failed before computing them."""
+        for key in plan.inserted:
+            slots = self.entries.pop(key, None)
+            if slots is not None:
+                self.free.extend(slots)
+        self.stats.cached_tokens = len(self.k[0]) - len(self.free)
 
     def _allocate(self, tokens: int, used: set[bytes]) -> list[int] | None:
         """`tokens` free slots, evicting least-recently used entries the batch does not use."""

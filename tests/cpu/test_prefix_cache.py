@@ -119,3 +119,24 @@ def test_a_batch_never_evicts_what_it_reads(engines):
     # The next batch may evict: c now fits in place of the least recently used entry.
     score(engine, [request(rng, c)])
     assert (stats.misses, stats.evictions) == (3, 1)
+
+
+def test_a_failed_batch_leaves_no_entry_behind(engines, monkeypatch):
+    make, reference = engines
+    engine = make(4096)
+    rng = random.Random(6)
+    query = toks(rng, 30)
+    first = request(rng, query)
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.model, "label_logprobs", out_of_memory)
+        with pytest.raises(RuntimeError, match="simulated"):
+            score(engine, [first])
+    stats = engine.prefix_cache.stats
+    assert stats.cached_tokens == 0 and not engine.prefix_cache.entries
+    again = request(rng, query)  # computed anew, not read from slots nobody filled
+    assert_same(score(engine, [again]), score(reference, [again]), "after a failure")
+    assert (stats.misses, stats.hits) == (2, 0)

@@ -57,6 +57,18 @@ TINY_FAMILIES = {
 }
 
 
+# name -> (config class name, extra config kwargs) of the tiny *ForSequenceClassification folders:
+# one class (a reward model's head), two and three; Llama with a pad token (HF then pools at the
+# last token that is not it: the tests' inputs never contain it) and an untied embedding.
+TINY_CLASSIFIERS = {
+    "qwen3_1class": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=True, num_labels=1)),
+    "llama_3class": ("LlamaConfig", dict(head_dim=16, tie_word_embeddings=False,
+                                         pad_token_id=_TINY_SHAPE["vocab_size"] - 1,
+                                         id2label={0: "bad", 1: "ok", 2: "good"})),
+    "qwen2_2class": ("Qwen2Config", dict(tie_word_embeddings=False, num_labels=2)),
+}
+
+
 def _randomize(model: torch.nn.Module) -> None:
     """Seeded weights large enough that log-probs spread out (a near-uniform head would hide
     errors) and biases clearly non-zero (HF zero-initialises them)."""
@@ -82,6 +94,26 @@ def tiny_checkpoint(tmp_path_factory):
             made[family] = save_random_model(tmp_path_factory.mktemp(f"tiny_{family}"), config,
                                              seed=1234, dtype="float32", reinit=_randomize)
         return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tmp_path_factory):
+    """Factory: a key of TINY_CLASSIFIERS -> path of a saved fp32 HF *ForSequenceClassification
+    folder (transformers' save_pretrained of a seeded model)."""
+    import transformers
+
+    made: dict[str, Path] = {}
+
+    def make(name: str) -> Path:
+        if name not in made:
+            config_cls, extra = TINY_CLASSIFIERS[name]
+            config = getattr(transformers, config_cls)(**_TINY_SHAPE, **extra)
+            made[name] = save_random_model(tmp_path_factory.mktemp(f"tiny_{name}"), config,
+                                           seed=4321, dtype="float32", reinit=_randomize,
+                                           sequence_classification=True)
+        return made[name]
 
     return make
 

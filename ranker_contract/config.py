@@ -102,14 +102,16 @@ class SchedulerConfig(_Settings):
 
 class RerankPrompt(_Settings):
     """One rerank prompt: `prefix` (with {query}, optional {instruction}) + per document
-    `document` (with {document}) + `suffix`; the score is P(yes) / (P(yes) + P(no)) at the
-    last suffix token. Each label must be exactly one token of the model (checked at start-up)."""
+    `document` (with {document}) + `suffix`; on a causal LM the score is P(yes) / (P(yes) +
+    P(no)) at the last suffix token, and each label must be exactly one token of the model
+    (checked at start-up). A classification model scores with its head there instead (README,
+    "Classification models"): its template may leave the labels out."""
 
     prefix: str
     document: str = "{document}"
     suffix: str
-    yes_label: str
-    no_label: str
+    yes_label: str | None = Field(None, description="required on a causal LM")
+    no_label: str | None = Field(None, description="required on a causal LM")
     default_instruction: str = ""
 
     @model_validator(mode="after")
@@ -118,7 +120,9 @@ class RerankPrompt(_Settings):
             raise ValueError("rerank prefix must contain {query}")
         if self.document.count("{document}") != 1:
             raise ValueError("rerank document must contain {document} exactly once")
-        if self.yes_label == self.no_label:
+        if (self.yes_label is None) != (self.no_label is None):
+            raise ValueError("rerank yes_label and no_label: set both (a causal LM) or neither")
+        if self.yes_label is not None and self.yes_label == self.no_label:
             raise ValueError("rerank yes_label and no_label must differ")
         return self
 

@@ -66,6 +66,7 @@ TINY_CLASSIFIERS = {
                                          pad_token_id=_TINY_SHAPE["vocab_size"] - 1,
                                          id2label={0: "bad", 1: "ok", 2: "good"})),
     "qwen2_2class": ("Qwen2Config", dict(tie_word_embeddings=False, num_labels=2)),
+    "llama_2class": ("LlamaConfig", dict(head_dim=16, tie_word_embeddings=False, num_labels=2)),
 }
 
 
@@ -101,19 +102,23 @@ def tiny_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_classifier(tmp_path_factory):
     """Factory: a key of TINY_CLASSIFIERS -> path of a saved fp32 HF *ForSequenceClassification
-    folder (transformers' save_pretrained of a seeded model)."""
+    folder (transformers' save_pretrained of a seeded model). With `tokenizer_files` (a real
+    tokenizer's, to serve text) the vocabulary is `vocab_size`, the tokenizer's."""
     import transformers
 
-    made: dict[str, Path] = {}
+    made: dict[tuple, Path] = {}
 
-    def make(name: str) -> Path:
-        if name not in made:
+    def make(name: str, vocab_size: int | None = None, tokenizer_files=()) -> Path:
+        key = (name, vocab_size)
+        if key not in made:
             config_cls, extra = TINY_CLASSIFIERS[name]
-            config = getattr(transformers, config_cls)(**_TINY_SHAPE, **extra)
-            made[name] = save_random_model(tmp_path_factory.mktemp(f"tiny_{name}"), config,
-                                           seed=4321, dtype="float32", reinit=_randomize,
-                                           sequence_classification=True)
-        return made[name]
+            shape = dict(_TINY_SHAPE, vocab_size=vocab_size or _TINY_SHAPE["vocab_size"])
+            config = getattr(transformers, config_cls)(**shape, **extra)
+            made[key] = save_random_model(tmp_path_factory.mktemp(f"tiny_{name}"), config,
+                                          seed=4321, dtype="float32", reinit=_randomize,
+                                          tokenizer_files=tokenizer_files,
+                                          sequence_classification=True)
+        return made[key]
 
     return make
 

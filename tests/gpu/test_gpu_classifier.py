@@ -1,0 +1,101 @@
+"""A Qwen3-0.6B-shaped Qwen3ForSequenceClassification (one class, seeded random bf16, made by
+scripts/make_random_model.py --shape 0.6b-cls) on the GPU engine (bf16, FlashInfer, fused ops):
+its class logit against HF fp32 `AutoModelForSequenceClassification` on query + item alone,
+multi-item against one item at a time, CUDA-graph replays against eager, and the start-up path
+(memory probe and warm-up batches) on a one-class head."""
+
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpu_worker.engine import Engine
+from loadtest import REPO_ROOT
+from loadtest.random_model import SHAPES
+from ranker_contract.config import EngineConfig
+from ranker_contract.packing import pack_multi_item, pack_plain
+from tests.gpu.conftest import run_batch
+
+CLS_PATH = REPO_ROOT / "models" / SHAPES["0.6b-cls"].folder
+CLASSES = [0]
+FAST = dict(device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda")
+
+
+def _sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def _request(rng: random.Random, query_len=120, item_lens=(180, 1, 0, 57, 180, 3, 99, 12)):
+    vocab = 151643  # real tokens only (the pad token, 151643, is left out: HF pools before it)
+    query = [rng.randrange(vocab) for _ in range(query_len)]
+    return query, [[rng.randrange(vocab) for _ in range(n)] for n in item_lens]
+
+
+@pytest.fixture(scope="module")
+def cls_path():
+    if not (CLS_PATH / "config.json").is_file():
+        # In its own process, as tests/gpu/conftest.py::qwen3_path does (GPU memory stays there).
+        subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "make_random_model.py"),
+                        "--shape", "0.6b-cls", "--out", str(CLS_PATH)], check=True)
+    return CLS_PATH
+
+
+@pytest.fixture(scope="module")
+def cls_engine(cls_path):
+    return Engine.from_config(cls_path, EngineConfig(**FAST))
+
+
+def test_parity_with_hf_fp32(cls_engine, cls_path):
+    from transformers import AutoModelForSequenceClassification
+
+    hf = AutoModelForSequenceClassification.from_pretrained(cls_path, dtype=torch.float32)
+    hf = hf.cuda().eval()
+    query, items = _request(random.Random(1))
+    (ours,) = run_batch(cls_engine, [pack_multi_item(query, items, 0)], CLASSES)
+    worst_logit = worst_p = spread = 0.0
+    for item, row in zip(items, ours):
+        with torch.inference_mode():
+            ref = hf(torch.tensor([query + item], device="cuda")).logits[0].float().tolist()
+        worst_logit = max(worst_logit, abs(row[0] - ref[0]))
+        worst_p = max(worst_p, abs(_sigmoid(row[0]) - _sigmoid(ref[0])))
+        spread = max(spread, abs(ref[0]))
+    del hf
+    torch.cuda.empty_cache()
+    print(f"max |Δ logit| {worst_logit:.2e} (|logit| up to {spread:.2f}), "
+          f"max |Δ sigmoid| {worst_p:.2e}")
+    assert worst_logit <= 5e-2 and worst_p <= 5e-3
+
+
+def test_multi_item_equals_one_at_a_time(cls_engine):
+    query, items = _request(random.Random(2))
+    (packed,) = run_batch(cls_engine, [pack_multi_item(query, items, 0)], CLASSES)
+    alone = [run_batch(cls_engine, [pack_plain(query + item, 0)], CLASSES)[0][0]
+             for item in items]
+    worst = max(abs(a[0] - b[0]) for a, b in zip(packed, alone))
+    print(f"max |Δ logit| multi-item vs alone: {worst:.2e}")
+    assert worst <= 5e-2
+
+
+def test_cuda_graph_replay_equals_eager(cls_engine):
+    graphs = Engine(cls_engine.model, cls_engine.device,
+                    EngineConfig(**FAST, cuda_graphs=True, cuda_graph_buckets=(1024, 2048)))
+    rng = random.Random(3)
+    sequences = [pack_multi_item(*_request(rng, 60, (40, 0, 7, 90)), 0),
+                 pack_plain(_request(rng, 300)[0], 0)]
+    assert graphs.graphs.pick(sequences, 5, 5) is not None  # this batch replays a graph
+    replayed = graphs.finish(graphs.launch(sequences, [CLASSES] * 2))
+    eager = cls_engine.finish(cls_engine.launch(sequences, [CLASSES] * 2, overlapped=True))
+    worst = max(abs(a[0] - b[0]) for s1, s2 in zip(replayed, eager) for a, b in zip(s1, s2))
+    print(f"max |Δ logit| CUDA graph vs eager: {worst:.2e}")
+    assert all(math.isfinite(r[0]) for s in replayed for r in s)
+    assert worst <= 5e-2
+
+
+def test_the_start_up_path_runs_on_a_one_class_head(cls_engine):
+    """measure_budget and warm_up launch their own label ids: valid for a one-class head."""
+    budget = cls_engine.measure_budget(16384, 4096)
+    assert budget.tokens >= 4096 and budget.capacity_tokens_per_s > 0
+    cls_engine.warm_up(budget.tokens, 4096)

@@ -85,14 +85,17 @@ class Engine:
                                   cfg.flashinfer_backend, device) if cfg.cuda_graphs else None)
 
     @classmethod
-    def from_config(cls, model_path: str | Path, cfg: EngineConfig) -> Engine:
-        """Load the model folder onto the configured device."""
+    def from_config(cls, model_path: str | Path, cfg: EngineConfig,
+                    head_from_labels: tuple[int, int] | None = None) -> Engine:
+        """Load the model folder onto the configured device (`head_from_labels`: see
+        gpu_worker/loader.py::load_model)."""
         if cfg.device == "cpu":
             torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
         elif not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' was configured but torch sees no CUDA device")
         device = torch.device(cfg.device)
-        return cls(load_model(model_path, getattr(torch, cfg.dtype), device), device, cfg)
+        model = load_model(model_path, getattr(torch, cfg.dtype), device, head_from_labels)
+        return cls(model, device, cfg)
 
     def measure_budget(self, max_batch_tokens: int, min_batch_tokens: int) -> BatchBudget:
         """The batch budget and the probe's rate. On CPU: `max_batch_tokens`, no rate. On a GPU a

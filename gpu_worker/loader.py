@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from gpu_worker.heads import SequenceClassifierForScoring
+from gpu_worker.heads import SequenceClassifierForScoring, classifier_from_label_rows
 from gpu_worker.model import PACKED_MODULES, CausalLMForScoring
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 
@@ -20,9 +20,14 @@ logger = logging.getLogger(__name__)
 ScoringModel = CausalLMForScoring | SequenceClassifierForScoring
 
 
-def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> ScoringModel:
+def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device,
+               head_from_labels: tuple[int, int] | None = None) -> ScoringModel:
+    """`head_from_labels`: (yes, no) token ids; the causal LM is served as a one-class
+    classifier of those rows of its LM head (gpu_worker/heads.py::classifier_from_label_rows)."""
     folder = Path(folder)
     cfg = ModelConfig.from_folder(folder)
+    if head_from_labels is not None:
+        cfg.with_label_head()  # a classifier folder is refused here, naming the setting
     files = _safetensors_files(folder)
     with torch.device("meta"):
         model = SequenceClassifierForScoring(cfg) if cfg.is_classifier else CausalLMForScoring(cfg)
@@ -51,6 +56,9 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device) -> 
     if cfg.tie_word_embeddings and not cfg.is_classifier:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.to(device).eval()
+    if head_from_labels is not None:
+        model = classifier_from_label_rows(model, *head_from_labels)
+        cfg = model.config
     logger.info("loaded %s (%s, %d layers, %s) as %s on %s", folder, cfg.model_type,
                 cfg.num_hidden_layers,
                 f"{cfg.num_labels}-class head" if cfg.is_classifier else "LM head", dtype, device)

@@ -3,7 +3,8 @@
 Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.6b-random]
        [--budget 65536] [--no-hf]
        [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up,fp8,
-               fp8_bf16_o,classifier] [--classifier-model models/qwen3-0.6b-cls-random]
+               fp8_bf16_o,classifier,classifier_from_labels]
+       [--classifier-model models/qwen3-0.6b-cls-random]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
 (Engine.from_config, then the batch budget from Engine.measure_budget); --model and --budget
@@ -22,7 +23,9 @@ The `classifier` mode scores the same sequences, in the same run and with the sa
 settings and batch budget, on a *ForSequenceClassification folder of the same decoder shape
 (--classifier-model; `python scripts/make_random_model.py --shape 0.6b-cls` makes the 0.6B
 one): its head at the score rows (every class) against the causal model's LM head and
-full-vocabulary log-sum-exp (the "engine" row).
+full-vocabulary log-sum-exp (the "engine" row). `classifier_from_labels` serves --model itself
+with its two label rows as a one-class head (rerank.classifier_from_labels), the labels being
+the workload's two.
 """
 
 from __future__ import annotations
@@ -241,6 +244,13 @@ def main():
             torch.cuda.empty_cache()
     if "classifier" in modes:
         bench_classifier(args.classifier_model, app.engine, cfg, multi, bench)
+    if "classifier_from_labels" in modes:  # the same folder, its label rows as the head
+        torch.cuda.empty_cache()
+        yes, no = labels  # the workload's two label ids
+        engine = Engine.from_config(args.model, app.engine, head_from_labels=(yes, no))
+        bench("head from label rows", engine, multi, timing=True, labels=[0])
+        del engine
+        torch.cuda.empty_cache()
 
     tokens_per_request = multi[0].num_tokens
     rate, linear_flops_per_token_layer = matmul_rate(cfg, budget // 2)

@@ -158,11 +158,19 @@ class RerankConfig(_Settings):
     prompt: RerankPrompt | None = Field(None, description="the custom template's strings")
     default_instruction: str | None = Field(
         None, description="overrides the template's default instruction; requests may override")
+    classifier_from_labels: bool = Field(
+        False, description="a causal LM only: at load, its LM head's yes and no rows become a "
+        "one-class head, score = logit(yes) - logit(no) (vLLM's classifier_from_token): the "
+        "same relevance, sigmoid(score), without the full-vocabulary log-sum-exp; the model "
+        "then serves as a one-class classifier on /v1/score too")
 
     @model_validator(mode="after")
     def _custom_needs_prompt(self) -> RerankConfig:
         if (self.template == "custom") != (self.prompt is not None):
             raise ValueError("rerank.prompt is required with template 'custom' and only then")
+        if self.classifier_from_labels and self.resolved_prompt().yes_label is None:
+            raise ValueError("rerank.classifier_from_labels needs the template's yes_label and "
+                             "no_label")
         return self
 
     def resolved_prompt(self) -> RerankPrompt:

@@ -5,6 +5,7 @@ a causal LM (`*ForCausalLM`: the LM head over the vocabulary) or a sequence clas
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,14 @@ class ModelConfig:
     @property
     def is_classifier(self) -> bool:
         return self.num_labels is not None
+
+    def with_label_head(self) -> ModelConfig:
+        """This causal LM as it serves with rerank.classifier_from_labels: a one-class
+        classifier whose head is its LM head's yes row minus its no row."""
+        if self.is_classifier:
+            raise ModelFolderError("rerank.classifier_from_labels turns a causal LM's label rows "
+                                   "into a head; this model is a classifier already")
+        return dataclasses.replace(self, num_labels=1, class_names=("yes - no",))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:

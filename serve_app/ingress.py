@@ -179,12 +179,15 @@ class ScoreIngress:
             keys.on_reload = self.metrics.declare_keys
         require_keys(keys, self._refused)
         self.scorers = ScorerWatch(worker)
+        if config.rerank.classifier_from_labels:  # as the scorer loads it (gpu_worker/heads.py)
+            model = model.with_label_head()
         self.score_route = ScoreRoute(self.limits, model.vocab_size, tokenizer, self.model_name,
                                       model.num_labels)
         # On a causal LM, a label that is not exactly one token fails the replica's start,
         # naming it; a classifier scores with its head and reads no label tokens.
         prompt = config.rerank.resolved_prompt()
-        prompter = RerankPrompter(prompt, tokenizer, label_tokens=not model.is_classifier)
+        prompter = RerankPrompter(prompt, tokenizer, label_tokens=not model.is_classifier
+                                  or config.rerank.classifier_from_labels)
         self.rerank_routes = {
             version: RerankRoute(prompter, prompt.default_instruction, self.limits,
                                  self.model_name, version, model.num_labels)

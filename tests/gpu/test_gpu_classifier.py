@@ -2,7 +2,8 @@
 scripts/make_random_model.py --shape 0.6b-cls) on the GPU engine (bf16, FlashInfer, fused ops):
 its class logit against HF fp32 `AutoModelForSequenceClassification` on query + item alone,
 multi-item against one item at a time, CUDA-graph replays against eager, and the start-up path
-(memory probe and warm-up batches) on a one-class head."""
+(memory probe and warm-up batches) on a one-class head. Then rerank.classifier_from_labels on
+the causal 0.6B: sigmoid of its yes-minus-no head against HF fp32's P(yes) / (P(yes) + P(no))."""
 
 import math
 import random
@@ -17,7 +18,7 @@ from loadtest import REPO_ROOT
 from loadtest.random_model import SHAPES
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
-from tests.gpu.conftest import run_batch
+from tests.gpu.conftest import LABELS, run_batch, softmax
 
 CLS_PATH = REPO_ROOT / "models" / SHAPES["0.6b-cls"].folder
 CLASSES = [0]
@@ -99,3 +100,27 @@ def test_the_start_up_path_runs_on_a_one_class_head(cls_engine):
     budget = cls_engine.measure_budget(16384, 4096)
     assert budget.tokens >= 4096 and budget.capacity_tokens_per_s > 0
     cls_engine.warm_up(budget.tokens, 4096)
+
+
+def test_head_from_label_rows_gives_hfs_yes_no_relevance(qwen3_path, fast_engine):
+    from transformers import AutoModelForCausalLM
+
+    converted = Engine.from_config(qwen3_path, EngineConfig(**FAST), head_from_labels=tuple(LABELS))
+    query, items = _request(random.Random(4))
+    seq = [pack_multi_item(query, items, 0)]
+    (ours,) = run_batch(converted, seq, CLASSES)
+    (today,) = run_batch(fast_engine, seq)  # the LM head, log-probs of LABELS = (yes, no)
+    del converted
+    hf = AutoModelForCausalLM.from_pretrained(qwen3_path, dtype=torch.float32).cuda().eval()
+    worst_hf = worst_today = 0.0
+    for item, row, lm_row in zip(items, ours, today):
+        with torch.inference_mode():
+            logits = hf(torch.tensor([query + item], device="cuda")).logits[0, -1].float()
+        ref = softmax(torch.log_softmax(logits, -1)[LABELS].tolist())[0]
+        worst_hf = max(worst_hf, abs(_sigmoid(row[0]) - ref))
+        worst_today = max(worst_today, abs(_sigmoid(row[0]) - softmax(lm_row)[0]))
+    del hf
+    torch.cuda.empty_cache()
+    print(f"head from label rows: max |Δ relevance| vs HF fp32 {worst_hf:.2e}, "
+          f"vs the LM-head path {worst_today:.2e}")
+    assert worst_hf <= 5e-3 and worst_today <= 5e-3

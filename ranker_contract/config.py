@@ -5,7 +5,8 @@
     ├── limits     Limits           what one request may be (ingress; max_seq_tokens: both sides)
     ├── engine     EngineConfig     how a scorer replica computes (device, dtype, kernels)
     ├── scheduler  SchedulerConfig  how a scorer replica batches and admits work
-    ├── rerank     RerankConfig     the prompt template of /v1/rerank and /v2/rerank (ingress)
+    ├── rerank     RerankConfig     the prompt template of /v1/rerank and /v2/rerank (ingress;
+    │                               the scorer too for classifier_from_labels)
     └── auth       AuthConfig       where the API keys are, when callers need one (ingress)
 
 Every default and every check is written here once. Serve validates the YAML `args` into

@@ -5,7 +5,8 @@ becomes one request of BatchPrefillWithPagedKVCacheWrapper over the batch's own 
 pages of one token: its query rows are the block's rows, and its K/V page list is the sequence's
 query rows (for every block after the first) followed by the block's own rows. With the causal
 mask aligned to the end of that list, an item row sees the query and its own item so far, and
-the kernel computes no tile outside it. No KV cache is kept.
+the kernel computes no tile outside it. The K/V of a cached query (a prefix-cache hit) are
+pages appended after the batch's own rows (docs/ARCHITECTURE.md, "Prefix cache").
 
 This layout, not FlashInfer's own multi-item mask (one request per packed sequence with a
 per-token item-position table): that mask is tested per element and its tiles span the window of
@@ -36,17 +37,27 @@ def row_indices(start: int, end: int) -> array.array:
     return _ROW_INDICES[start:end]
 
 
-def paged_layout(sequences: list[PackedSequence]) -> tuple[list[int], list[int], array.array]:
+def paged_layout(sequences: list[PackedSequence],
+                 cached_queries: list[tuple[int, int] | None] | None = None,
+                 ) -> tuple[list[int], list[int], array.array]:
     """(qo_indptr, kv_indptr, kv_indices) of the batch: one request per attention block, its K/V
-    pages the sequence's query rows (blocks after the first) and then the block's rows."""
+    pages the sequence's query rows (blocks after the first) and then the block's rows. A
+    prefix-cache hit (`cached_queries[i]` = (start, length)) has item blocks only, and each reads
+    its query from the cached rows appended after the batch's own (gpu_worker/prefix_cache.py)."""
     qo_indptr, kv_indptr = [0], [0]
     kv_indices = array.array("i")
+    rows = sum(seq.num_tokens for seq in sequences)
     offset = 0
-    for seq in sequences:
+    for i, seq in enumerate(sequences):
         start = offset
-        query_rows = row_indices(offset, offset + seq.prefix_len)
+        cached = cached_queries[i] if cached_queries else None
+        if cached is None:
+            query_rows, first_reader = row_indices(offset, offset + seq.prefix_len), 1
+        else:
+            query_rows = row_indices(rows + cached[0], rows + cached[0] + cached[1])
+            first_reader = 0
         for block, end in enumerate(seq.block_ends):
-            if block:
+            if block >= first_reader:
                 kv_indices.extend(query_rows)
             kv_indices.extend(row_indices(start, offset + end))
             start = offset + end
@@ -100,11 +111,14 @@ class FlashInferAttention:
         self._plan_issued()
         return host, kv_indices_gpu
 
-    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
+             cached_queries: list[tuple[int, int] | None] | None = None
+             ) -> tuple[torch.Tensor, ...]:
         """Plan the batch; returns the tensors that must stay alive until the batch finished."""
-        return self._plan_wrapper(*paged_layout(sequences), dtype)
+        return self._plan_wrapper(*paged_layout(sequences, cached_queries), dtype)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 layer: int) -> torch.Tensor:
         # K/V as [pages, page_size=1, heads, head_dim] views; the kernel needs one stride for
         # both (CudaOps lays them out so; TorchOps' split views need a copy).
         if k.stride() != v.stride():
@@ -144,7 +158,9 @@ class FlashInferGraphAttention(FlashInferAttention):
             paged_kv_last_page_len_buf=torch.ones(slots, **i32))
         self._plan_copied = None
 
-    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
+             cached_queries: None = None) -> tuple[torch.Tensor, ...]:
+        # Batches that use the prefix cache run eagerly (docs/ARCHITECTURE.md, "Prefix cache").
         qo_indptr, kv_indptr, kv_indices = paged_layout(sequences)
         kv_indices.extend(row_indices(qo_indptr[-1], self.tokens))  # the padding request
         qo_indptr.append(self.tokens)

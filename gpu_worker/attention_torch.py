@@ -25,6 +25,13 @@ def multi_item_mask(seq: PackedSequence) -> torch.Tensor:
     return (cols <= rows) & (same_block | sees_query)
 
 
+def cached_query_mask(seq: PackedSequence, query_len: int) -> torch.Tensor:
+    """[L, query_len + L] for a prefix-cache hit (gpu_worker/prefix_cache.py): every row sees
+    the whole cached query, then its own block up to itself."""
+    own = multi_item_mask(seq)  # prefix_len 0: each block causal within itself
+    return torch.cat([torch.ones(seq.num_tokens, query_len, dtype=torch.bool), own], dim=1)
+
+
 class TorchAttention:
     """`plan()` once per batch (the per-sequence masks), then called once per layer."""
 
@@ -32,22 +39,35 @@ class TorchAttention:
         self.device = device
         self.bounds: list[tuple[int, int]] = []
         self.masks: list[torch.Tensor | None] = []  # None = plain causal
+        self.cached: list[tuple[int, int] | None] = []
 
-    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
+             cached_queries: list[tuple[int, int] | None] | None = None
+             ) -> tuple[torch.Tensor, ...]:
         """Returns the tensors the batch needs until it finished (the masks)."""
         self.bounds, self.masks, start = [], [], 0
-        for seq in sequences:
+        self.cached = cached_queries or [None] * len(sequences)
+        for seq, cached in zip(sequences, self.cached, strict=True):
             self.bounds.append((start, start + seq.num_tokens))
             start += seq.num_tokens
-            plain = len(seq.block_ends) == 1
-            self.masks.append(None if plain else multi_item_mask(seq).to(self.device))
+            if cached is not None:
+                mask = cached_query_mask(seq, cached[1])
+            else:
+                mask = None if len(seq.block_ends) == 1 else multi_item_mask(seq)
+            self.masks.append(None if mask is None else mask.to(self.device))
         return tuple(m for m in self.masks if m is not None)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 layer: int) -> torch.Tensor:
         out = torch.empty_like(q)
-        for (start, end), mask in zip(self.bounds, self.masks):
+        rows = q.shape[0]  # cached query rows, if any, follow the batch's own in k and v
+        for (start, end), mask, cached in zip(self.bounds, self.masks, self.cached):
             # SDPA wants [batch, heads, L, D]
             qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+            if cached is not None:
+                query = slice(rows + cached[0], rows + cached[0] + cached[1])
+                ks, vs = (torch.cat([x[query].transpose(0, 1).unsqueeze(0), own], dim=2)
+                          for x, own in ((k, ks), (v, vs)))
             o = F.scaled_dot_product_attention(
                 qs, ks, vs, attn_mask=mask, is_causal=mask is None, enable_gqa=True
             )

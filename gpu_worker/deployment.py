@@ -43,7 +43,8 @@ class ScoreWorker:
         self.capacity_tokens_per_s = budget.capacity_tokens_per_s
         self.scheduler = Scheduler(engine, config.scheduler, batch_token_budget=budget.tokens)
         self.scheduler.start()
-        self.metrics = WorkerMetrics(self.scheduler)
+        self.metrics = WorkerMetrics(self.scheduler,
+                                     engine.prefix_cache.stats if engine.prefix_cache else None)
         # refused and computed tokens at the last stats report, and when it was
         self._last_report = (0, 0, time.monotonic())
         logger.info("ScoreWorker ready: %s", config)

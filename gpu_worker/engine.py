@@ -25,6 +25,7 @@ from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.loader import load_model
 from gpu_worker.model import AttentionBackend, CausalLMForScoring
 from gpu_worker.ops import CudaOps, TorchOps
+from gpu_worker.prefix_cache import CachedAttention, PrefixCache
 from gpu_worker.warmup import triton_variants, warm_up_batches
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item
@@ -80,6 +81,10 @@ class Engine:
             self.attention = FlashInferAttention(mcfg, device, cfg.flashinfer_backend)
         else:
             self.attention = TorchAttention(device)
+        # Allocated, like the graphs, before the batch budget is measured, so the budget is what
+        # memory the pool leaves.
+        self.prefix_cache = (_prefix_cache(mcfg, cfg, self.dtype, device)
+                             if cfg.prefix_cache_tokens else None)
         # Captured before the batch budget is measured, so their memory is counted there.
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graph_buckets),
                                   cfg.flashinfer_backend, device) if cfg.cuda_graphs else None)
@@ -94,7 +99,8 @@ class Engine:
         elif not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' was configured but torch sees no CUDA device")
         device = torch.device(cfg.device)
-        model = load_model(model_path, getattr(torch, cfg.dtype), device, head_from_labels)
+        model = load_model(model_path, getattr(torch, cfg.dtype), device, cfg.precision,
+                           cfg.dequantize_fp8_checkpoint, head_from_labels)
         return cls(model, device, cfg)
 
     def measure_budget(self, max_batch_tokens: int, min_batch_tokens: int) -> BatchBudget:
@@ -114,11 +120,11 @@ class Engine:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        self.finish(self.launch(sequences, label_ids))
+        self.finish(self.launch(sequences, label_ids, use_cache=False))
         tokens = sum(s.num_tokens for s in sequences)
         per_token = (torch.cuda.max_memory_allocated() - base) / tokens
         started = time.perf_counter()  # the same batch again, compiled: its rate
-        self.finish(self.launch(sequences, label_ids))
+        self.finish(self.launch(sequences, label_ids, use_cache=False))
         capacity = tokens / (time.perf_counter() - started)
         free, _ = torch.cuda.mem_get_info()
         budget = int(MEMORY_FRACTION * (free + torch.cuda.memory_reserved() - base) / per_token)
@@ -127,7 +133,8 @@ class Engine:
         if budget < min_batch_tokens:
             # A sequence the ingress accepts always runs, alone if need be: it must fit.
             raise RuntimeError(f"GPU memory fits batches of {budget} tokens, fewer than "
-                               f"max_seq_tokens={min_batch_tokens}: lower max_seq_tokens")
+                               f"max_seq_tokens={min_batch_tokens}: lower max_seq_tokens (or "
+                               "engine.prefix_cache_tokens)")
         logger.info("warm-up done: %.0f activation bytes per token; batch budget %d tokens; "
                     "%.0f tokens/s", per_token, budget, capacity)
         return BatchBudget(budget, capacity)
@@ -139,35 +146,47 @@ class Engine:
             return
         started, compiled = time.perf_counter(), triton_variants()
         for batch in warm_up_batches(budget_tokens, max_seq_tokens):
-            self.finish(self.launch(batch, [PROBE_LABEL_IDS] * len(batch), overlapped=True))
+            self.finish(self.launch(batch, [PROBE_LABEL_IDS] * len(batch), overlapped=True,
+                                    use_cache=False))
         logger.info("warm-up batches ran in %.1f s (%d Triton variants compiled)",
                     time.perf_counter() - started, triton_variants() - compiled)
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, overlapped: bool = False) -> Step:
+               *, overlapped: bool = False, use_cache: bool = True) -> Step:
         """Queue the batch's forward; each sequence is scored on its own label ids.
         `overlapped`: another batch is still running on the device, so these ~300 eager launches
         hide behind it; a CUDA graph pays only when they would not (its fixed tiles and padding
-        cost more GPU time than the eager kernels; docs/ARCHITECTURE.md, "CUDA graphs")."""
+        cost more GPU time than the eager kernels; docs/ARCHITECTURE.md, "CUDA graphs").
+        `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache."""
+        cache = (self.prefix_cache.plan(sequences) if self.prefix_cache and use_cache
+                 else None)
+        if cache is not None:
+            sequences = cache.sequences  # hits without their query rows
         input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(
             sequences, label_ids_per_sequence)
         items_and_labels = [(s.num_items, len(ids))
                             for s, ids in zip(sequences, label_ids_per_sequence)]
-        graph = (not overlapped and self.graphs
+        graph = (not overlapped and self.graphs and not (cache and cache.active)
                  and self.graphs.pick(sequences, len(score_rows), len(label_ids)))
         if graph:
             out, keep = self.graphs.launch(graph, sequences, input_ids, positions, score_rows,
                                            label_rows, label_ids)
             return self._read_back(out, keep, items_and_labels)
         on_cuda = self.device.type == "cuda"
-        lists = (input_ids, positions, score_rows, label_rows, label_ids)  # [T], [T], [R], [N], [N]
+        # [T], [T], [R], [N], [N], then the cache's rows and slots (empty without a cache)
+        lists = (input_ids, positions, score_rows, label_rows, label_ids,
+                 *((cache.insert_rows, cache.insert_slots, cache.gather_slots) if cache
+                   else ([], [], [])))
         sizes = [len(x) for x in lists]
         host = padded_int64_tensor(list(zip(lists, sizes)), pin=on_cuda)  # one copy for all
         dev = host.to(self.device, non_blocking=True)
-        ids, pos, rows, label_rows_dev, label_ids_dev = dev.split(sizes)
-        plan_tensors = self.attention.plan(sequences, self.dtype)
+        ids, pos, rows, label_rows_dev, label_ids_dev, *cache_tensors = dev.split(sizes)
+        plan_tensors = self.attention.plan(sequences, self.dtype,
+                                           cache.cached_queries if cache else None)
+        attend = (CachedAttention(self.attention, self.prefix_cache, *cache_tensors)
+                  if cache and cache.active else self.attention)
         with torch.inference_mode():
-            hidden = self.model.model(ids, pos, rows, self.ops, self.attention)
+            hidden = self.model.model(ids, pos, rows, self.ops, attend)
             out = self.model.label_logprobs(hidden, label_rows_dev, label_ids_dev)
         if not on_cuda:
             return Step((host, *plan_tensors), out, None, items_and_labels)
@@ -196,6 +215,20 @@ class Engine:
                 at += n_labels
             results.append(rows)
         return results
+
+
+def _prefix_cache(mcfg, cfg: EngineConfig, dtype: torch.dtype,
+                  device: torch.device) -> PrefixCache:
+    need = cfg.prefix_cache_tokens * PrefixCache.bytes_per_token(mcfg, dtype)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if need > MEMORY_FRACTION * free:
+            raise RuntimeError(
+                f"engine.prefix_cache_tokens={cfg.prefix_cache_tokens} needs {need / 2**30:.1f} "
+                f"GiB of K/V, more than {MEMORY_FRACTION:.0%} of the {free / 2**30:.1f} GiB free "
+                "after the weights: lower it")
+    logger.info("prefix cache: %d tokens, %.2f GiB", cfg.prefix_cache_tokens, need / 2**30)
+    return PrefixCache(mcfg, cfg.prefix_cache_tokens, cfg.prefix_cache_min_tokens, dtype, device)
 
 
 def _host_metadata(sequences: list[PackedSequence],

@@ -55,16 +55,35 @@ def row_quantizer(device: torch.device) -> Callable[[torch.Tensor], tuple[torch.
 
 
 class Fp8Linear(nn.Module):
-    """y = x W^T (+ b) with W in e4m3 and one fp32 scale per output channel."""
+    """y = x W^T (+ b) with W in e4m3 and one fp32 scale per output channel. Built from a float
+    linear (`from_linear`, quantized here) or from e4m3 weights a checkpoint stores
+    (gpu_worker/fp8_checkpoint.py); `device` picks the activation quantizer when `weight` is
+    still on the meta device."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor,
+                 bias: nn.Parameter | None, out_dtype: torch.dtype,
+                 device: torch.device | None = None) -> None:
         super().__init__()
-        self.quantize = row_quantizer(linear.weight.device)
-        weight, scale = self.quantize(linear.weight.detach())
+        self.quantize = row_quantizer(device or weight.device)
         self.weight = nn.Parameter(weight, requires_grad=False)  # [N, K] e4m3
-        self.weight_scale = nn.Parameter(scale.t().contiguous(), requires_grad=False)  # [1, N]
-        self.bias = linear.bias
-        self.out_dtype = linear.weight.dtype
+        scale = weight_scale.reshape(1, -1).float().contiguous()
+        self.weight_scale = nn.Parameter(scale, requires_grad=False)  # [1, N]
+        self.bias = bias
+        self.out_dtype = out_dtype
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
+        weight, scale = row_quantizer(linear.weight.device)(linear.weight.detach())
+        return cls(weight, scale, linear.bias, linear.weight.dtype)
+
+    def dequantized(self) -> nn.Linear:
+        """The float linear these e4m3 values and scales stand for (exact in fp32)."""
+        weight = self.weight.float() * self.weight_scale.t()
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=self.bias is not None,
+                           device="meta")
+        linear.weight = nn.Parameter(weight.to(self.out_dtype), requires_grad=False)
+        linear.bias = self.bias
+        return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, scale = self.quantize(x)
@@ -78,16 +97,21 @@ class Fp8Linear(nn.Module):
 
 
 def quantize_model(model: CausalLMForScoring, setting: Fp8Setting) -> int:
-    """Swap the chosen linears of `model` for Fp8Linear in place; returns how many."""
+    """Make the linears `setting` chooses Fp8Linear in place, and the others float: a float
+    linear is quantized here; one loaded in e4m3 from an FP8 checkpoint but not chosen is
+    dequantized. Returns how many linears changed."""
     layers = model.model.layers
     swapped = 0
     for i, layer in enumerate(layers):
-        if i < setting.bf16_first_layers or i >= len(layers) - setting.bf16_last_layers:
-            continue
+        in_fp8 = setting.bf16_first_layers <= i < len(layers) - setting.bf16_last_layers
         for parent in (layer.self_attn, layer.mlp):
-            for name in setting.linears:
-                if isinstance(getattr(parent, name, None), nn.Linear):
-                    setattr(parent, name, Fp8Linear(getattr(parent, name)))
+            for name in LINEARS:
+                linear = getattr(parent, name, None)
+                if in_fp8 and name in setting.linears and isinstance(linear, nn.Linear):
+                    setattr(parent, name, Fp8Linear.from_linear(linear))
+                    swapped += 1
+                elif not (in_fp8 and name in setting.linears) and isinstance(linear, Fp8Linear):
+                    setattr(parent, name, linear.dequantized())
                     swapped += 1
     return swapped
 

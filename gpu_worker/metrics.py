@@ -8,10 +8,12 @@ sample as its baseline).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
+from gpu_worker.prefix_cache import PrefixCacheStats
 from gpu_worker.scheduler import Scheduler
 
 PUBLISH_INTERVAL_S = 0.5
@@ -22,6 +24,9 @@ STEP_BUCKETS_S = [0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1
 # error_type of a failed batch: these names, any other exception as "other" (the replica's log
 # names it), so that every series exists before the first failure.
 BATCH_ERROR_TYPES = ("OutOfMemoryError", "AcceleratorError", "RuntimeError", "other")
+
+
+CACHE_RESULTS = ("hit", "miss", "bypass")
 
 
 def declare_at_zero(counter: Counter, tags: dict[str, str] | None = None) -> None:
@@ -35,8 +40,9 @@ def batch_error_type(name: str) -> str:
 
 
 class WorkerMetrics:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, cache: PrefixCacheStats | None) -> None:
         self.scheduler = scheduler
+        self.cache = cache  # None: no prefix cache, its series stay at 0
         self.queue_tokens = Gauge("ranker_queue_tokens", "Tokens waiting (queued) or running "
                                   "(inflight) in this replica", tag_keys=("state",))
         self.queue_sequences = Gauge("ranker_queue_sequences", "Packed sequences waiting "
@@ -55,8 +61,22 @@ class WorkerMetrics:
         self.rejected = Counter("ranker_requests_rejected", "Requests refused because the "
                                 "replica was full: its token queue, or a wait past "
                                 "max_queue_wait_s")
-        for counter in (self.items_scored, self.dropped, self.rejected):
+        self.cache_lookups = Counter("ranker_prefix_cache_lookups", "Queries looked up in the "
+                                     "prefix cache: hit, miss (computed and kept) or bypass "
+                                     "(computed, the pool held by the batch's own entries)",
+                                     tag_keys=("result",))
+        self.cache_tokens_reused = Counter("ranker_prefix_cache_tokens_reused", "Query tokens "
+                                           "not computed thanks to a prefix-cache hit")
+        self.cache_evictions = Counter("ranker_prefix_cache_evictions", "Queries evicted from "
+                                       "the prefix cache (least recently used first)")
+        self.cache_tokens = Gauge("ranker_prefix_cache_tokens", "Tokens of K/V held in the "
+                                  "prefix cache")
+        for counter in (self.items_scored, self.dropped, self.rejected, self.cache_tokens_reused,
+                        self.cache_evictions):
             declare_at_zero(counter)
+        for result in CACHE_RESULTS:
+            declare_at_zero(self.cache_lookups, {"result": result})
+        self._cache_seen = PrefixCacheStats()
         for error_type in BATCH_ERROR_TYPES:
             declare_at_zero(self.batch_errors, {"error_type": error_type})
         self._dropped_seen = 0
@@ -91,3 +111,20 @@ class WorkerMetrics:
         if dropped > self._dropped_seen:
             self.dropped.inc(dropped - self._dropped_seen)
             self._dropped_seen = dropped
+        if self.cache is not None:
+            self._publish_cache()
+        else:
+            self.cache_tokens.set(0)  # a gauge not set lately is not exported
+
+    def _publish_cache(self) -> None:
+        now, seen = dataclasses.replace(self.cache), self._cache_seen  # a snapshot
+        for result, name in zip(CACHE_RESULTS, ("hits", "misses", "bypasses"), strict=True):
+            if getattr(now, name) > getattr(seen, name):
+                self.cache_lookups.inc(getattr(now, name) - getattr(seen, name),
+                                       tags={"result": result})
+        if now.tokens_reused > seen.tokens_reused:
+            self.cache_tokens_reused.inc(now.tokens_reused - seen.tokens_reused)
+        if now.evictions > seen.evictions:
+            self.cache_evictions.inc(now.evictions - seen.evictions)
+        self.cache_tokens.set(now.cached_tokens)
+        self._cache_seen = now

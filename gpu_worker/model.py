@@ -28,12 +28,17 @@ class AttentionBackend(Protocol):
     """TorchAttention (gpu_worker/attention_torch.py) or FlashInferAttention: plan once per
     batch from the packing metadata, then one call per layer."""
 
-    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """Prepare the batch; returns tensors that must stay alive until it finished."""
+    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
+             cached_queries: list[tuple[int, int] | None] | None = None
+             ) -> tuple[torch.Tensor, ...]:
+        """Prepare the batch; returns tensors that must stay alive until it finished.
+        `cached_queries[i]` = (start, length): sequence i is a prefix-cache hit whose query K/V
+        are k/v rows T + start .. (gpu_worker/prefix_cache.py)."""
         ...
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] for the whole batch → [T, Hq, D]."""
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 layer: int) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T (+ cached query rows), Hkv, D] for the whole batch → [T, Hq, D]."""
         ...
 
 
@@ -54,8 +59,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
+        self.layer = layer  # which layer's K/V a prefix cache reads and writes
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
@@ -73,7 +79,7 @@ class Attention(nn.Module):
     def forward(self, x, positions, ops: Ops, attend: AttentionBackend, rows=None):
         """`rows`: keep only these rows of the output (every row still serves as key/value)."""
         q, k, v = ops.prepare_qkv(self.qkv_proj(x), positions, self)
-        out = attend(q, k, v).reshape(x.shape[0], self.q_size)
+        out = attend(q, k, v, self.layer).reshape(x.shape[0], self.q_size)
         if rows is not None:
             out = out.index_select(0, rows)
         return self.o_proj(out)
@@ -92,9 +98,9 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -124,7 +130,7 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(
             cfg.vocab_size, cfg.hidden_size,
             _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(

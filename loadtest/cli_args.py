@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from loadtest.workload import ARRIVALS, TEXT_MODES, Workload
+from loadtest.workload import ARRIVALS, PRESETS, TEXT_MODES, Workload
 
 
 def add_engine_bench_args(p: argparse.ArgumentParser, config: str, requests: int,
@@ -53,11 +53,21 @@ def add_workload_args(p: argparse.ArgumentParser, *, query_len: int, items: int,
                    "SGLang bench_score style, natural = seeded English words")
     w.add_argument("--rerank", action="store_true", help="POST /v1/rerank {query, documents} "
                    "(needs --text)")
+    w.add_argument("--query-repeats", type=int, default=1, help="send each query this many "
+                   "times (fresh items each time)")
+    w.add_argument("--repeat-window", type=float, default=1.0, help="...within about this "
+                   "many seconds at the offered rate")
+    w.add_argument("--preset", choices=sorted(PRESETS), help="a named shape (overrides "
+                   "--query-len, --items, --item-len, --query-repeats): loadtest/workload.py")
 
 
 def workload_from_args(args: argparse.Namespace) -> Workload:
-    return Workload(args.query_len, args.items, args.item_len, tuple(args.labels), args.vocab,
-                    args.apply_softmax, args.text, args.rerank)
+    shape = dict(query_len=args.query_len, items=args.items, item_len=args.item_len,
+                 query_repeats=args.query_repeats)
+    shape.update(PRESETS.get(args.preset or "", {}))
+    return Workload(labels=tuple(args.labels), vocab=args.vocab,
+                    apply_softmax=args.apply_softmax, text=args.text, rerank=args.rerank,
+                    repeat_window_s=args.repeat_window, **shape)
 
 
 def _rate_args(p: argparse.ArgumentParser) -> None:

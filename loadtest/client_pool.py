@@ -28,11 +28,12 @@ def _ready() -> bool:
     return True
 
 
-def _client(base_url: str, workload: Workload, offsets: list[float], seed: str,
+def _client(base_url: str, workload: Workload, offsets: list[float], seed: str, rate: float,
             timeout_s: float, start: float) -> list[tuple[float, float, float, str]]:
     async def go() -> list[Outcome]:
         async with make_session() as session:
-            return await send_schedule(session, base_url, offsets, RequestFactory(workload, seed),
+            factory = RequestFactory(workload, seed, rate)  # repeats stay within one client
+            return await send_schedule(session, base_url, offsets, factory,
                                        timeout_s=timeout_s, start=start)
 
     return [(o.intended, o.sent, o.done, o.kind) for o in asyncio.run(go())]
@@ -51,7 +52,8 @@ def run_processes(base_url: str, workload: Workload, rate: float, horizon_s: flo
             offsets = arrival_offsets(arrival, rate / clients, horizon_s, f"{seed}:client{k}")
             if arrival == "constant":
                 offsets = [t + k / rate for t in offsets if t + k / rate < horizon_s]
-            jobs.append((base_url, workload, offsets, f"{seed}:client{k}", timeout_s, start))
+            jobs.append((base_url, workload, offsets, f"{seed}:client{k}", rate / clients,
+                         timeout_s, start))
         merged = [Outcome(*row) for rows in pool.starmap(_client, jobs) for row in rows]
     merged.sort(key=lambda o: o.intended)
     return merged

@@ -205,7 +205,9 @@ def pack_all(folder: Path, template: str, requests: list[LabelledRequest]
 
 
 def build_engine(folder: Path, precision: str, device: str) -> Engine:
-    """`fp32`, `bf16` or an FP8 setting name, on the CPU (FP8 simulated) or the GPU."""
+    """`fp32`, `bf16` or an FP8 setting name, on the CPU (FP8 simulated) or the GPU. An FP8
+    checkpoint runs its stored e4m3 linears in the FP8 settings and is dequantized in the
+    others (README, "FP8 checkpoints")."""
     setting = None if precision in ("fp32", "bf16") else parse_setting(precision)
     dtype = "float32" if precision == "fp32" else "bfloat16"
     if device == "cuda":
@@ -213,8 +215,10 @@ def build_engine(folder: Path, precision: str, device: str) -> Engine:
         fp8 = dict(precision="fp8", fp8_linears=setting.linears,
                    fp8_bf16_first_layers=setting.bf16_first_layers,
                    fp8_bf16_last_layers=setting.bf16_last_layers) if setting else {}
-        return Engine.from_config(folder, EngineConfig(device="cuda", dtype=dtype, **fast, **fp8))
-    model = load_model(folder, getattr(torch, dtype), torch.device("cpu"))
+        return Engine.from_config(folder, EngineConfig(
+            device="cuda", dtype=dtype, dequantize_fp8_checkpoint=setting is None, **fast, **fp8))
+    model = load_model(folder, getattr(torch, dtype), torch.device("cpu"),
+                       "fp8" if setting else "bf16", dequantize_fp8=setting is None)
     if setting is not None:
         quantize_model(model, setting)
     return Engine(model, torch.device("cpu"), EngineConfig(dtype=dtype))

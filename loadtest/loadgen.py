@@ -74,7 +74,8 @@ async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Work
         return aggregate(outcomes, warmup_s=cfg.warmup_s, duration_s=cfg.duration_s,
                          items_per_request=workload.items, offered_rps=cfg.rate), outcomes
     offsets = arrival_offsets(cfg.arrival, cfg.rate, horizon, cfg.seed)
-    outcomes = await send_schedule(session, base_url, offsets, RequestFactory(workload, cfg.seed),
+    factory = RequestFactory(workload, cfg.seed, cfg.rate)
+    outcomes = await send_schedule(session, base_url, offsets, factory,
                                    timeout_s=cfg.timeout_s, desc=f"{cfg.rate:g} req/s",
                                    progress=progress)
     point = aggregate(outcomes, warmup_s=cfg.warmup_s, duration_s=cfg.duration_s,

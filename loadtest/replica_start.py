@@ -52,7 +52,8 @@ def main() -> None:
     app = shipped_app_config(args.config)
     done("import the engine")
     device = torch.device("cuda")
-    model = load_model(app.resolved_model_path(), getattr(torch, app.engine.dtype), device)
+    model = load_model(app.resolved_model_path(), getattr(torch, app.engine.dtype), device,
+                       app.engine.precision, app.engine.dequantize_fp8_checkpoint)
     torch.cuda.synchronize()
     done("weights onto the GPU")
     engine = Engine(model, device, app.engine.model_copy(update={"cuda_graphs": False}))

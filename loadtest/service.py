@@ -153,8 +153,10 @@ class Service(LocalServer):
 
 def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Service:
     """`serve run` of `config` (its HTTP port replaced by a free one); healthy when returned."""
-    if not (DEFAULT_MODEL / "config.json").is_file():
-        raise RuntimeError(f"{DEFAULT_MODEL} is missing: run `python scripts/prepare_model.py`")
+    model = Path(config["applications"][0]["args"].get("model_path", DEFAULT_MODEL))
+    if not ((model if model.is_absolute() else REPO_ROOT / model) / "config.json").is_file():
+        raise RuntimeError(f"{model} is missing: run `python scripts/prepare_model.py` (the "
+                           "default model) or `python scripts/make_random_model.py`")
     config = copy.deepcopy(config)
     port = free_port()
     config["http_options"]["port"] = port

@@ -11,6 +11,11 @@ no two requests are alike (nothing can be served from a cache) and runs are repr
   joined by spaces). Each query/item gets round(U(0.75, 1.25) × length) words; a word is one
   token in the SmolLM2 tokenizer (1.00 tokens per word measured over 500 items), so token counts
   vary over about ±25% around query_len/item_len, and every request differs.
+
+With `query_repeats` = k > 1 each query (ids or text) is sent k times, every time with fresh
+items, its repeats spread over about `repeat_window_s` at the offered rate: what a scorer's
+prefix cache serves (docs/ARCHITECTURE.md, "Prefix cache"). PRESETS names the shapes the prefix
+benchmark uses.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class Workload:
     apply_softmax: bool = False
     text: str | None = None  # None: token ids; "repeat" or "natural": strings (module doc)
     rerank: bool = False  # POST /v1/rerank {query, documents} instead of /v1/score
+    query_repeats: int = 1  # each query sent this many times (module doc)
+    repeat_window_s: float = 1.0  # ...within about this long, at the rate the factory is given
 
     def __post_init__(self) -> None:
         if self.query_len < 0 or self.items < 1 or self.item_len < 0:
@@ -63,6 +70,8 @@ class Workload:
             raise ValueError(f"text must be None or one of {TEXT_MODES}, got {self.text!r}")
         if self.rerank and self.text is None:
             raise ValueError("rerank sends documents as text: choose a text mode")
+        if self.query_repeats < 1 or self.repeat_window_s <= 0:
+            raise ValueError("need query_repeats >= 1 and repeat_window_s > 0")
 
     @property
     def path(self) -> str:
@@ -85,30 +94,61 @@ class Workload:
         return d
 
 
+# name → the request shape of the prefix benchmark (loadtest/bench_prefix.py)
+PRESETS = {
+    # a user's profile and history re-ranked against candidates from several sources
+    "profile": dict(query_len=2000, items=20, item_len=50, query_repeats=4),
+    # a search question re-ranked over several pages of documents
+    "pages": dict(query_len=120, items=10, item_len=180, query_repeats=5),
+    # the standard bench: nothing repeats
+    "standard": dict(query_len=120, items=10, item_len=180),
+}
+
+
 @dataclass
 class RequestFactory:
-    """Makes request contents, fresh for every call, from one RNG seeded by `seed`."""
+    """Makes request contents, fresh for every call, from one RNG seeded by `seed`. `rate`
+    (requests/s offered) spreads a repeated query over the workload's repeat window."""
 
     workload: Workload
     seed: int | str = 0
+    rate: float | None = None
     _rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(f"content:{self.seed}")
         self._population = range(self.workload.vocab)
+        w = self.workload
+        # Queries sent in turn: a query's k repeats then span about k × open / rate seconds.
+        self._open_size = (max(1, round(self.rate * w.repeat_window_s / w.query_repeats))
+                           if self.rate and w.query_repeats > 1 else 1)
+        self._open: list[list] = []  # [query, repeats left]
+
+    def _query(self, make):
+        """A query: a new one from `make()`, or a repeat of an open one."""
+        if self.workload.query_repeats == 1:
+            return make()
+        if len(self._open) < self._open_size:
+            self._open.append([make(), self.workload.query_repeats])
+        entry = self._rng.choice(self._open)
+        entry[1] -= 1
+        if entry[1] == 0:
+            self._open.remove(entry)
+        return entry[0]
 
     def token_ids(self) -> tuple[list[int], list[list[int]]]:
         """(query, items) as random token ids; the engine benchmarks score these directly."""
         w, rng, pop = self.workload, self._rng, self._population
-        return rng.choices(pop, k=w.query_len), [rng.choices(pop, k=w.item_len)
-                                                 for _ in range(w.items)]
+        query = self._query(lambda: rng.choices(pop, k=w.query_len))
+        return query, [rng.choices(pop, k=w.item_len) for _ in range(w.items)]
 
     def texts(self) -> tuple[str, list[str]]:
         """(query, items) as strings in the workload's text mode."""
         w = self.workload
         if w.text == "repeat":
             return REPEAT_TOKEN * w.query_len, [REPEAT_TOKEN * w.item_len] * w.items
-        return self._words(w.query_len), [self._words(w.item_len) for _ in range(w.items)]
+        query = self._query(lambda: self._words(w.query_len))
+        return query, [self._words(w.item_len) for _ in range(w.items)]
 
     def _words(self, tokens: int) -> str:
         n = round(self._rng.uniform(0.75, 1.25) * tokens)

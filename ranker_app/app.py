@@ -30,4 +30,11 @@ def build_app(args: AppConfig) -> Application:
         load_keys(args.auth)
     config = args.model_copy(update={"model_path": str(model_path)})
     logger.info("building score app: %s", config)
-    return ScoreIngress.bind(ScoreWorker.bind(config), config)
+    worker = ScoreWorker
+    if config.engine.prefix_cache_tokens:  # repeats of a query to the replica that holds it
+        from ray.serve.config import RequestRouterConfig
+
+        from ranker_app.prefix_router import PrefixAffinityRouter
+        worker = ScoreWorker.options(request_router_config=RequestRouterConfig(
+            request_router_class=PrefixAffinityRouter))
+    return ScoreIngress.bind(worker.bind(config), config)

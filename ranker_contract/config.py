@@ -61,6 +61,15 @@ class EngineConfig(_Settings):
         description="precision fp8: which linears of each layer run in FP8; the rest stay bf16")
     fp8_bf16_first_layers: int = Field(0, ge=0, description="precision fp8: first layers kept bf16")
     fp8_bf16_last_layers: int = Field(0, ge=0, description="precision fp8: last layers kept bf16")
+    dequantize_fp8_checkpoint: bool = Field(
+        False, description="precision bf16 with an FP8 checkpoint: run its weights dequantized "
+        "(e4m3 x scale) in engine.dtype; without it such a model folder is refused at start-up")
+    prefix_cache_tokens: int = Field(
+        0, ge=0, description="K/V of recent queries kept per replica, in tokens (all layers); "
+        "a request whose query is cached computes only its items; 0 = off. Sizing: README "
+        "'Prefix cache'")
+    prefix_cache_min_tokens: int = Field(
+        64, gt=0, description="queries shorter than this are never cached (too little to save)")
     cuda_graph_buckets: tuple[int, ...] = Field(
         (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096),
         description="batch token sizes captured; larger batches run eagerly")

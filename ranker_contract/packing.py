@@ -22,6 +22,8 @@ where its items sit in the request so results are merged back in order.
 
 from __future__ import annotations
 
+import array
+import hashlib
 from dataclasses import dataclass
 
 
@@ -160,12 +162,36 @@ def _checked_plain(tokens: list[int], item_index: int, max_seq_tokens: int) -> P
     return pack_plain(tokens, item_index)
 
 
+def cacheable_query(seq: PackedSequence, min_tokens: int) -> bool:
+    """Whether a scorer may keep (and reuse) the K/V of `seq`'s query rows: a multi-item
+    sequence whose query has at least `min_tokens` tokens and whose every item scores at an item
+    row (an empty item scores at the query's last row, which a reuse does not compute)."""
+    return (len(seq.block_ends) > 1 and seq.prefix_len >= min_tokens
+            and min(seq.score_rows) > seq.prefix_len)
+
+
+def query_bytes(seq: PackedSequence) -> bytes:
+    """The query's token ids as bytes: what a scorer's prefix cache is keyed on (exact)."""
+    return array.array("i", seq.input_ids[: seq.prefix_len]).tobytes()
+
+
+def prefix_key(sequences: list[PackedSequence], min_tokens: int) -> str | None:
+    """The routing key of a request whose query a scorer would cache: a digest of the query's
+    ids, the same in every ingress process (Python's hash() is salted per process)."""
+    if not sequences or not cacheable_query(sequences[0], min_tokens):
+        return None
+    return hashlib.blake2b(query_bytes(sequences[0]), digest_size=8).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class ScoreJob:
     """What the ingress sends to a scorer replica for one request."""
 
     sequences: list[PackedSequence]
     label_ids: list[int]
+    # Set when a scorer would cache the query: the request router sends equal keys to the
+    # same replica (ranker_app/prefix_router.py).
+    prefix_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpu_worker.metrics import BATCH_ERROR_TYPES  # noqa: E402
+from gpu_worker.metrics import BATCH_ERROR_TYPES, CACHE_RESULTS  # noqa: E402
 from loadtest.prom import scrape, service_sample  # noqa: E402
 from loadtest.prometheus_server import find_prometheus, start_prometheus  # noqa: E402
 from loadtest.random_model import make_random_model  # noqa: E402
@@ -238,7 +238,10 @@ def zero_series() -> dict[str, int]:
             "ray_ranker_items_scored_total": 1,
             "ray_ranker_sequences_dropped_total": 1,
             "ray_ranker_requests_rejected_total": 1,
-            "ray_ranker_batch_errors_total": len(BATCH_ERROR_TYPES)}
+            "ray_ranker_batch_errors_total": len(BATCH_ERROR_TYPES),
+            "ray_ranker_prefix_cache_lookups_total": len(CACHE_RESULTS),
+            "ray_ranker_prefix_cache_tokens_reused_total": 1,
+            "ray_ranker_prefix_cache_evictions_total": 1}
 
 
 def expected_counts(metric: str, keys: tuple[str, ...], traffic: Traffic,
@@ -259,7 +262,11 @@ def expected_counts(metric: str, keys: tuple[str, ...], traffic: Traffic,
                  "ray_ranker_requests_rejected_total": traffic.refused,
                  "ray_ranker_sequences_dropped_total": dropped,
                  "ray_ranker_scorer_retries_total": 0,
-                 "ray_ranker_batch_errors_total": 0}[metric]}
+                 "ray_ranker_batch_errors_total": 0,
+                 # The check runs without a prefix cache (its counting: test_prefix_cache_http)
+                 "ray_ranker_prefix_cache_lookups_total": 0,
+                 "ray_ranker_prefix_cache_tokens_reused_total": 0,
+                 "ray_ranker_prefix_cache_evictions_total": 0}[metric]}
 
 
 def by_labels(result: list[dict], keys: tuple[str, ...]) -> dict[tuple, float]:

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.model_config import ModelConfig
-from ranker_contract.packing import ScoredJob, ScoreJob, merge_results
+from ranker_contract.packing import ScoredJob, ScoreJob, merge_results, prefix_key
 from serve_app.auth import KEY_ID_SCOPE, NO_KEY, REFUSED_KEY, KeyStore, RequireApiKey, require_keys
 from serve_app.docs_page import add_offline_docs
 from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, ROUTES, IngressMetrics
@@ -173,6 +173,9 @@ class ScoreIngress:
         self.model_name = config.served_model_name
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
+        # Routing keys only for queries the scorers would cache (0: no cache, no key).
+        self.cached_query_min_tokens = (config.engine.prefix_cache_min_tokens
+                                        if config.engine.prefix_cache_tokens else 0)
         keys = KeyStore(config.auth) if config.auth.enabled else None  # bad keys: start fails
         self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,))
         if keys is not None:
@@ -241,7 +244,9 @@ class ScoreIngress:
         sequences = pack(tokens.prefix, tokens.items, self.limits,  # [] for no items
                          self.max_context, item_first=tokens.item_first, field=route.field)
         packed = time.perf_counter()
-        job = await self._call_worker(ScoreJob(sequences, tokens.label_ids))
+        key = (prefix_key(sequences, self.cached_query_min_tokens)
+               if self.cached_query_min_tokens else None)
+        job = await self._call_worker(ScoreJob(sequences, tokens.label_ids, key))
         scored = time.perf_counter()
         logprobs = merge_results(sequences, job.results, len(tokens.items))
         body = route.respond(req, tokens, logprobs, sum(s.num_tokens for s in sequences))

@@ -84,3 +84,37 @@ def test_layout_of_a_batch_past_the_first_row_table_counts_every_row():
     assert head == list(range(30_000, 30_006))
     assert item_a == list(range(30_000, 30_005)) + list(range(30_006, 50_007))
     assert item_b == list(range(30_000, 30_005)) + list(range(50_007, 70_008))
+
+
+def test_a_prefix_cache_hit_sees_the_cached_query_and_its_own_item_so_far_in_both_backends():
+    """A hit (gpu_worker/prefix_cache.py) runs its item blocks only; its query K/V are rows
+    appended after the batch's own. Each of its item rows must see exactly what the same row
+    sees in the whole sequence: the query, then its own item so far."""
+    from gpu_worker.attention_torch import cached_query_mask
+    from gpu_worker.prefix_cache import hit_form
+
+    rng = random.Random(1)
+    for _ in range(100):
+        plain = pack_plain([1] * rng.randint(1, 4), 0)
+        whole = pack_multi_item([1] * rng.randint(1, 6),
+                                [[2] * rng.randint(1, 5) for _ in range(rng.randint(1, 4))], D)
+        hit = hit_form(whole)
+        cache_start = rng.randint(0, 3)  # where its query sits among the appended rows
+        total = plain.num_tokens + hit.num_tokens
+        by_layout = visible_by_layout(
+            *paged_layout([plain, hit], [None, (cache_start, whole.prefix_len)]), total)
+        cut = whole.prefix_len + 1  # the hit's row r is the whole sequence's row cut + r
+        whole_mask = multi_item_mask(whole)
+        hit_mask = cached_query_mask(hit, whole.prefix_len)  # columns: query, then hit rows
+        for r in range(hit.num_tokens):
+            if r + cut + 1 in whole.block_ends:
+                continue  # a delimiter row: nothing reads it
+            query = {c for c in range(whole.prefix_len) if whole_mask[r + cut, c]}
+            own = {c - cut for c in range(cut, whole.num_tokens) if whole_mask[r + cut, c]}
+            assert query == set(range(whole.prefix_len))
+            expected = ({total + cache_start + c for c in query}
+                        | {plain.num_tokens + c for c in own})
+            assert by_layout[plain.num_tokens + r] == expected
+            p = whole.prefix_len
+            assert {c for c in range(p) if hit_mask[r, c]} == query
+            assert {c - p for c in range(p, hit_mask.shape[1]) if hit_mask[r, c]} == own

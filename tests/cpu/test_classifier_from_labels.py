@@ -89,7 +89,8 @@ def test_sigmoid_of_the_score_is_hfs_and_todays_relevance(converted, default_mod
 
 def test_a_classifier_folder_is_refused(tiny_classifier):
     with pytest.raises(ModelFolderError, match="classifier_from_labels"):
-        load_model(tiny_classifier("qwen3_1class"), torch.float32, torch.device("cpu"), (1, 2))
+        load_model(tiny_classifier("qwen3_1class"), torch.float32, torch.device("cpu"),
+                   head_from_labels=(1, 2))
 
 
 def test_labels_must_be_one_token_each(default_model_path):

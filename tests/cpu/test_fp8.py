@@ -28,7 +28,7 @@ def test_fp8_linear_is_within_e4m3_rounding_of_the_float_linear():
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 64, bias=True)
     x = torch.randn(32, 256)
-    exact, fp8 = linear(x), Fp8Linear(linear)(x)
+    exact, fp8 = linear(x), Fp8Linear.from_linear(linear)(x)
     # e4m3 keeps 3 mantissa bits (relative rounding <= 1/16) on both operands; over a 256-term
     # dot product the errors mostly cancel: a few percent of the output's scale.
     err = (fp8 - exact).norm() / exact.norm()

@@ -12,7 +12,7 @@ import pytest
 from loadtest import loadgen, ramp
 from loadtest.http_client import API_KEY_ENV
 from loadtest.stats import Outcome, aggregate, passes, percentile, pick_best, summarize_ms
-from loadtest.workload import RequestFactory, Workload, arrival_offsets
+from loadtest.workload import PRESETS, RequestFactory, Workload, arrival_offsets
 
 # SmolLM2-135M: vocabulary 49152, " Yes"/" No"-like labels; a tiny workload so CPU keeps up.
 SMOL = ["--vocab", "49152", "--labels", "10539,5230", "--query-len", "16", "--items", "3",
@@ -106,6 +106,25 @@ def test_request_bodies_are_fresh_token_ids_in_range():
         assert all(len(item) == 8 for item in b["items"])
         assert all(0 <= t < 49152 for t in b["query"] + sum(b["items"], []))
         assert b["label_token_ids"] == [10539, 5230]
+
+
+@pytest.mark.parametrize("text", [None, "natural"])
+def test_a_repeated_query_comes_back_k_times_within_its_window_with_fresh_items(text):
+    w = Workload(**PRESETS["profile"], text=text)
+    rate = 100.0  # requests/s; window 1 s: a query's repeats within about 100 requests
+    factory = RequestFactory(w, seed=0, rate=rate)
+    bodies = [factory.body() for _ in range(1000)]
+    seen: dict[str, list[int]] = {}
+    for i, b in enumerate(bodies):
+        seen.setdefault(json.dumps(b["query"]), []).append(i)
+    complete = [at for at in seen.values() if at[-1] < 900]  # queries opened well before the end
+    assert complete and all(len(at) == 4 for at in complete)
+    spans = sorted(at[-1] - at[0] for at in complete)
+    assert spans[len(spans) // 2] <= rate * w.repeat_window_s  # median within the window
+    items = [json.dumps(item) for b in bodies for item in b["items"]]
+    assert len(set(items)) == len(items)  # candidates are never repeated
+    standard = RequestFactory(Workload(**PRESETS["standard"]), seed=0, rate=rate)
+    assert len({json.dumps(standard.body()["query"]) for _ in range(200)}) == 200
 
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "models/smollm2-135m-instruct/tokenizer.json"

@@ -1,0 +1,177 @@
+"""The prefix cache over HTTP (GPU): cache on vs off, and affinity vs Serve's default routing.
+
+Usage:
+  python -m loadtest.bench_prefix cache [--workloads profile,pages,standard] [--text natural]
+  python -m loadtest.bench_prefix routing [--rate 60] [--seconds 20]
+
+`cache`: for each workload of loadtest/workload.py's PRESETS, one `serve run` of
+configs/score-gpu.yaml with the cache off and one with it on (--cache-tokens), each swept with
+loadgen's open-loop ramp until P99 passes 500 ms or a request fails; records the best passing
+items/s and the hit rate the scorer's metrics counted (appends to prefix.json).
+`routing`: two scorer replicas sharing the GPU (num_gpus 0.5 each), cache on, `profile` at a
+fixed rate: the hit rate with the prefix-affinity router, with Serve's default router
+(power of two choices), and with one replica (writes routing.json).
+Results in --out-dir (default docs/results/prefix_h100/); prints one line per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from loadtest import RESULTS_DIR
+from loadtest.configs import shipped_yaml
+from loadtest.http_client import make_session
+from loadtest.loadgen import RateConfig, run_rate, run_sweep
+from loadtest.prom import scrape
+from loadtest.service import Service, deployment, start_service, stop_service
+from loadtest.workload import PRESETS, Workload
+
+CONFIG = "score-gpu.yaml"
+# Serve's own default, named explicitly to undo the affinity router that build_app sets.
+DEFAULT_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+SWEEP = RateConfig(rate=0, duration_s=6, warmup_s=2, timeout_s=30)
+
+
+def gpu_name() -> str:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
+
+
+def git_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def config(cache_tokens: int, scorers: int = 1, router: str | None = None) -> dict:
+    doc = shipped_yaml(CONFIG)
+    doc["applications"][0]["args"]["engine"]["prefix_cache_tokens"] = cache_tokens
+    worker = deployment(doc, "ScoreWorker")
+    worker.pop("autoscaling_config", None)
+    worker["num_replicas"] = scorers
+    worker.setdefault("ray_actor_options", {})["num_gpus"] = 1 / scorers
+    if router:
+        worker["request_router_config"] = {"request_router_class": router}
+    return doc
+
+
+def lookups(svc: Service) -> dict[str, float]:
+    found = {"hit": 0.0, "miss": 0.0, "bypass": 0.0}
+    for name, labels, value in scrape(svc.metrics_url()):
+        if name == "ray_ranker_prefix_cache_lookups_total":
+            found[labels["result"]] += value
+    return found
+
+
+def hit_rate(before: dict[str, float], after: dict[str, float]) -> float | None:
+    delta = {k: after[k] - before[k] for k in after}
+    total = sum(delta.values())
+    return round(delta["hit"] / total, 4) if total else None
+
+
+async def sweep(svc: Service, workload: Workload, start_rate: float) -> dict:
+    async with make_session() as session:
+        return await run_sweep(session, svc.url, workload, SWEEP, 500.0, start_rate=start_rate,
+                               factor=1.4, bisect_steps=2, cooldown_s=1.0, progress=False)
+
+
+async def fixed_rate(svc: Service, workload: Workload, rate: float, seconds: float) -> dict:
+    async with make_session() as session:
+        point, _ = await run_rate(session, svc.url, workload,
+                                  replace(SWEEP, rate=rate, duration_s=seconds), progress=False)
+        return point
+
+
+def run_cache(args: argparse.Namespace, command: str) -> list[dict]:
+    rows = []
+    for name in args.workloads.split(","):
+        workload = Workload(**PRESETS[name], text=args.text)
+        for cache in (False, True):
+            svc = start_service(config(args.cache_tokens if cache else 0))
+            try:
+                before = lookups(svc)
+                result = asyncio.run(sweep(svc, workload, args.start_rate))
+                best = result["best"]
+                # every point of the sweep, cache off: None (nothing looked up)
+                rate = hit_rate(before, lookups(svc)) if cache else None
+            finally:
+                stop_service(svc)
+            rows.append({"gpu": gpu_name(), "commit": args.commit, "command": command,
+                         "workload": name, "text": args.text, "describe": workload.describe(),
+                         "cache": cache, "cache_tokens": args.cache_tokens if cache else 0,
+                         "items_per_s_at_p99_500ms": best and best["achieved_items_per_s"],
+                         "p99_ms": best and best["latency_ms"]["p99"],
+                         "hit_rate": rate,
+                         "failures": sum(p["failed"] for p in result["points"] if p["passed"]),
+                         "points": [{k: p[k] for k in ("offered_rps", "achieved_items_per_s",
+                                                       "failed", "passed")}
+                                    | {"p99_ms": p["latency_ms"]["p99"]}
+                                    for p in result["points"]]})
+            r = rows[-1]
+            print(f"{name:8s} cache {'on ' if cache else 'off'}: "
+                  f"{r['items_per_s_at_p99_500ms']} items/s at P99 {r['p99_ms']} ms; "
+                  f"hit rate {rate}", flush=True)
+    return rows
+
+
+def run_routing(args: argparse.Namespace, command: str) -> dict:
+    workload = Workload(**PRESETS["profile"], text=args.text)
+    out = {"gpu": gpu_name(), "commit": args.commit, "command": command, "replicas": 2,
+           "workload": "profile", "rate": args.rate, "seconds": args.seconds,
+           "cache_tokens": args.cache_tokens}
+    for key, scorers, router in (("hit_rate_affinity", 2, None),
+                                 ("hit_rate_default", 2, DEFAULT_ROUTER),
+                                 ("hit_rate_one_replica", 1, None)):
+        svc = start_service(config(args.cache_tokens // scorers, scorers, router))
+        try:
+            before = lookups(svc)
+            point = asyncio.run(fixed_rate(svc, workload, args.rate, args.seconds))
+            out[key] = hit_rate(before, lookups(svc))
+            out[key.replace("hit_rate", "point")] = {
+                "achieved_items_per_s": point["achieved_items_per_s"],
+                "p99_ms": point["latency_ms"]["p99"], "failed": point["failed"]}
+        finally:
+            stop_service(svc)
+        print(f"{key}: {out[key]} ({out[key.replace('hit_rate', 'point')]})", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("mode", choices=("cache", "routing"))
+    p.add_argument("--workloads", default="profile,pages,standard")
+    p.add_argument("--text", choices=("natural",), help="send text (default: token ids)")
+    p.add_argument("--cache-tokens", type=int, default=131072,
+                   help="engine.prefix_cache_tokens when on (routing: split among replicas)")
+    p.add_argument("--start-rate", type=float, default=40.0, help="sweep: first req/s")
+    p.add_argument("--rate", type=float, default=60.0, help="routing: req/s")
+    p.add_argument("--seconds", type=float, default=20.0, help="routing: measured seconds")
+    p.add_argument("--out-dir", type=Path, default=RESULTS_DIR / "prefix_h100")
+    p.add_argument("--commit", default=None, help="recorded commit (default: git's HEAD; a "
+                   "copy without .git must name it)")
+    args = p.parse_args(argv)
+    args.commit = args.commit or git_commit()
+    command = "python -m loadtest.bench_prefix " + " ".join(sys.argv[1:] if argv is None else argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.mode == "cache":
+        path = args.out_dir / "prefix.json"
+        rows = run_cache(args, command)
+        # Rows of other workloads from earlier calls stay; these replace their own.
+        done = {(r["workload"], r["text"], r["cache"]) for r in rows}
+        kept = [r for r in (json.loads(path.read_text()) if path.is_file() else [])
+                if (r["workload"], r["text"], r["cache"]) not in done]
+        path.write_text(json.dumps(kept + rows, indent=1))
+    else:
+        path = args.out_dir / "routing.json"
+        path.write_text(json.dumps(run_routing(args, command), indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The query-prefix K/V cache (gpu_worker/prefix_cache.py) on CPU: a hit scores what a miss does,
+a batch both fills and reads an entry, eviction under a tiny pool never fails or corrupts a
+request, and the counters say what happened. The reference is the same checkpoint's engine
+without a cache (itself checked against HF in test_engine_parity.py).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpu_worker.engine import Engine
+from ranker_contract.config import EngineConfig
+from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
+
+LABELS = [3, 17, 100]
+# The multi-item vs one-at-a-time bound of test_multi_item.py: a hit runs the same arithmetic
+# on fewer rows (other matmul blockings), in fp32.
+TOL = 1e-5
+MIN_TOKENS = 8
+
+
+def toks(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(2, 512) for _ in range(n)]
+
+
+def request(rng: random.Random, query: list[int], items: int = 3) -> PackedSequence:
+    return pack_multi_item(query, [toks(rng, rng.randrange(1, 9)) for _ in range(items)], 1)
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])  # q/k-norm and not
+def engines(request, tiny_checkpoint):
+    path = tiny_checkpoint(request.param)
+
+    def cached(capacity: int) -> Engine:
+        return Engine.from_config(path, EngineConfig(prefix_cache_tokens=capacity,
+                                                     prefix_cache_min_tokens=MIN_TOKENS))
+    return cached, Engine.from_config(path, EngineConfig())
+
+
+def score(engine: Engine, sequences: list[PackedSequence]) -> list[list[list[float]]]:
+    return engine.finish(engine.launch(sequences, [LABELS] * len(sequences)))
+
+
+def assert_same(got, want, what: str) -> None:
+    flat_got = [x for seq in got for row in seq for x in row]
+    flat_want = [x for seq in want for row in seq for x in row]
+    assert len(flat_got) == len(flat_want), what
+    diff = max(abs(a - b) for a, b in zip(flat_got, flat_want, strict=True))
+    assert diff <= TOL, f"{what}: max |Δ logprob| = {diff:.2e}"
+
+
+def test_a_hit_scores_what_a_miss_does(engines):
+    make, reference = engines
+    engine = make(4096)
+    rng = random.Random(1)
+    query = toks(rng, 30)
+    first, again = request(rng, query), request(rng, query, items=4)
+    assert_same(score(engine, [first]), score(reference, [first]), "miss")
+    assert (engine.prefix_cache.stats.misses, engine.prefix_cache.stats.hits) == (1, 0)
+    assert_same(score(engine, [again]), score(reference, [again]), "hit")
+    stats = engine.prefix_cache.stats
+    assert (stats.misses, stats.hits, stats.tokens_reused) == (1, 1, 30)
+    assert stats.cached_tokens == 30
+
+
+def test_one_batch_fills_and_reads_an_entry_among_other_sequences(engines):
+    make, reference = engines
+    engine = make(4096)
+    rng = random.Random(2)
+    query = toks(rng, 25)
+    batch = [pack_plain(toks(rng, 12), 0), request(rng, query), request(rng, toks(rng, 4)),
+             request(rng, query, items=1), request(rng, query, items=5)]
+    assert_same(score(engine, batch), score(reference, batch), "batch")
+    stats = engine.prefix_cache.stats
+    # The plain sequence and the 4-token query are below MIN_TOKENS: neither looked up.
+    assert (stats.misses, stats.hits, stats.bypasses) == (1, 2, 0)
+
+
+def test_an_empty_item_is_scored_without_the_cache(engines):
+    make, reference = engines
+    engine = make(4096)
+    rng = random.Random(3)
+    query = toks(rng, 20)
+    score(engine, [request(rng, query)])  # cached now
+    with_empty = pack_multi_item(query, [toks(rng, 5), [], toks(rng, 3)], 1)
+    assert_same(score(engine, [with_empty]), score(reference, [with_empty]), "empty item")
+    assert engine.prefix_cache.stats.hits == 0  # it scores at a query row: computed whole
+
+
+def test_eviction_in_a_tiny_pool_never_fails_or_corrupts(engines):
+    make, reference = engines
+    engine = make(100)  # two 40-token queries at most
+    rng = random.Random(4)
+    queries = [toks(rng, 40) for _ in range(5)] + [toks(rng, 120)]  # the last never fits
+    looked_up = 0
+    for round_ in range(12):
+        batch = [request(rng, rng.choice(queries)) for _ in range(rng.randrange(1, 4))]
+        assert_same(score(engine, batch), score(reference, batch), f"round {round_}")
+        looked_up += len(batch)
+    stats = engine.prefix_cache.stats
+    assert stats.evictions > 0 and stats.hits > 0 and stats.bypasses > 0
+    assert stats.hits + stats.misses + stats.bypasses == looked_up
+    assert stats.cached_tokens <= 100
+
+
+def test_a_batch_never_evicts_what_it_reads(engines):
+    make, reference = engines
+    engine = make(100)
+    rng = random.Random(5)
+    a, b, c = (toks(rng, 40) for _ in range(3))
+    score(engine, [request(rng, a)])
+    # a is read (hit), b takes the other 40 slots; c would need a's or b's: computed, not cached.
+    batch = [request(rng, a), request(rng, b), request(rng, c), request(rng, c)]
+    assert_same(score(engine, batch), score(reference, batch), "full pool")
+    stats = engine.prefix_cache.stats
+    assert (stats.hits, stats.misses, stats.bypasses, stats.evictions) == (1, 2, 2, 0)
+    # The next batch may evict: c now fits in place of the least recently used entry.
+    score(engine, [request(rng, c)])
+    assert (stats.misses, stats.evictions) == (3, 1)

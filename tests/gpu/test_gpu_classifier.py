@@ -2,8 +2,9 @@
 scripts/make_random_model.py --shape 0.6b-cls) on the GPU engine (bf16, FlashInfer, fused ops):
 its class logit against HF fp32 `AutoModelForSequenceClassification` on query + item alone,
 multi-item against one item at a time, CUDA-graph replays against eager, and the start-up path
-(memory probe and warm-up batches) on a one-class head. Then rerank.classifier_from_labels on
-the causal 0.6B: sigmoid of its yes-minus-no head against HF fp32's P(yes) / (P(yes) + P(no))."""
+(memory probe and warm-up batches) on a one-class head, a prefix-cache hit against no cache.
+Then rerank.classifier_from_labels on the causal 0.6B: sigmoid of its yes-minus-no head against
+HF fp32's P(yes) / (P(yes) + P(no))."""
 
 import math
 import random
@@ -124,3 +125,21 @@ def test_head_from_label_rows_gives_hfs_yes_no_relevance(qwen3_path, fast_engine
     print(f"head from label rows: max |Δ relevance| vs HF fp32 {worst_hf:.2e}, "
           f"vs the LM-head path {worst_today:.2e}")
     assert worst_hf <= 5e-3 and worst_today <= 5e-3
+
+
+def test_a_prefix_cache_hit_scores_what_no_cache_scores(cls_engine):
+    """The head reads the score rows whatever computed them: a hit (item blocks against cached
+    query K/V, FlashInfer) gives the logits the cache-less engine gives."""
+    cached = Engine(cls_engine.model, cls_engine.device, EngineConfig(
+        **FAST, prefix_cache_tokens=16384, prefix_cache_min_tokens=64))
+    rng = random.Random(5)
+    query = _request(rng, 500)[0]
+    for name, item_lens in (("miss", (180, 40, 90)), ("hit", (7, 180, 33, 120))):
+        items = [[rng.randrange(151643) for _ in range(n)] for n in item_lens]
+        seq = [pack_multi_item(query, items, 0)]
+        (got,) = run_batch(cached, seq, CLASSES)
+        (want,) = run_batch(cls_engine, seq, CLASSES)
+        worst = max(abs(a[0] - b[0]) for a, b in zip(got, want))
+        print(f"prefix cache {name}: max |Δ logit| vs no cache {worst:.2e}")
+        assert worst <= 5e-2, name
+    assert (cached.prefix_cache.stats.misses, cached.prefix_cache.stats.hits) == (1, 1)

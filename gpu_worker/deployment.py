@@ -8,6 +8,7 @@ import time
 from ray import serve
 
 from gpu_worker.engine import Engine
+from gpu_worker.heads import rerank_label_ids
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.scheduler import Scheduler
 from ranker_contract.config import AppConfig
@@ -30,7 +31,10 @@ DEFAULT_OPTIONS = {
 @serve.deployment(**DEFAULT_OPTIONS)
 class ScoreWorker:
     def __init__(self, config: AppConfig) -> None:
-        engine = Engine.from_config(config.resolved_model_path(), config.engine)
+        head_from_labels = (rerank_label_ids(config.resolved_model_path(),
+                                             config.rerank.resolved_prompt())
+                            if config.rerank.classifier_from_labels else None)
+        engine = Engine.from_config(config.resolved_model_path(), config.engine, head_from_labels)
         budget = engine.measure_budget(config.scheduler.max_batch_tokens,
                                        config.limits.max_seq_tokens)
         # Before ready: a new request shape must not wait on a compile (a new replica neither).

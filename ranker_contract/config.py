@@ -5,7 +5,8 @@
     ├── limits     Limits           what one request may be (ingress; max_seq_tokens: both sides)
     ├── engine     EngineConfig     how a scorer replica computes (device, dtype, kernels)
     ├── scheduler  SchedulerConfig  how a scorer replica batches and admits work
-    ├── rerank     RerankConfig     the prompt template of /v1/rerank and /v2/rerank (ingress)
+    ├── rerank     RerankConfig     the prompt template of /v1/rerank and /v2/rerank (ingress;
+    │                               the scorer too for classifier_from_labels)
     └── auth       AuthConfig       where the API keys are, when callers need one (ingress)
 
 Every default and every check is written here once. Serve validates the YAML `args` into
@@ -111,14 +112,16 @@ class SchedulerConfig(_Settings):
 
 class RerankPrompt(_Settings):
     """One rerank prompt: `prefix` (with {query}, optional {instruction}) + per document
-    `document` (with {document}) + `suffix`; the score is P(yes) / (P(yes) + P(no)) at the
-    last suffix token. Each label must be exactly one token of the model (checked at start-up)."""
+    `document` (with {document}) + `suffix`; on a causal LM the score is P(yes) / (P(yes) +
+    P(no)) at the last suffix token, and each label must be exactly one token of the model
+    (checked at start-up). A classification model scores with its head there instead (README,
+    "Classification models"): its template may leave the labels out."""
 
     prefix: str
     document: str = "{document}"
     suffix: str
-    yes_label: str
-    no_label: str
+    yes_label: str | None = Field(None, description="required on a causal LM")
+    no_label: str | None = Field(None, description="required on a causal LM")
     default_instruction: str = ""
 
     @model_validator(mode="after")
@@ -127,7 +130,9 @@ class RerankPrompt(_Settings):
             raise ValueError("rerank prefix must contain {query}")
         if self.document.count("{document}") != 1:
             raise ValueError("rerank document must contain {document} exactly once")
-        if self.yes_label == self.no_label:
+        if (self.yes_label is None) != (self.no_label is None):
+            raise ValueError("rerank yes_label and no_label: set both (a causal LM) or neither")
+        if self.yes_label is not None and self.yes_label == self.no_label:
             raise ValueError("rerank yes_label and no_label must differ")
         return self
 
@@ -163,11 +168,19 @@ class RerankConfig(_Settings):
     prompt: RerankPrompt | None = Field(None, description="the custom template's strings")
     default_instruction: str | None = Field(
         None, description="overrides the template's default instruction; requests may override")
+    classifier_from_labels: bool = Field(
+        False, description="a causal LM only: at load, its LM head's yes and no rows become a "
+        "one-class head, score = logit(yes) - logit(no) (vLLM's classifier_from_token): the "
+        "same relevance, sigmoid(score), without the full-vocabulary log-sum-exp; the model "
+        "then serves as a one-class classifier on /v1/score too")
 
     @model_validator(mode="after")
     def _custom_needs_prompt(self) -> RerankConfig:
         if (self.template == "custom") != (self.prompt is not None):
             raise ValueError("rerank.prompt is required with template 'custom' and only then")
+        if self.classifier_from_labels and self.resolved_prompt().yes_label is None:
+            raise ValueError("rerank.classifier_from_labels needs the template's yes_label and "
+                             "no_label")
         return self
 
     def resolved_prompt(self) -> RerankPrompt:

@@ -1,12 +1,20 @@
-"""The decoder's shape, read from an HF config.json (Llama, Qwen2 and Qwen3 families)."""
+"""The decoder's shape and its head, read from an HF config.json (Llama, Qwen2 and Qwen3 families):
+a causal LM (`*ForCausalLM`: the LM head over the vocabulary) or a sequence classifier
+(`*ForSequenceClassification`: a `score` head of `num_labels` classes; docs/ARCHITECTURE.md,
+"Classification heads")."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+CAUSAL_LM_SUFFIX = "ForCausalLM"
+CLASSIFIER_SUFFIX = "ForSequenceClassification"
+# HF's own default when a config names no labels (PretrainedConfig.num_labels)
+HF_DEFAULT_NUM_LABELS = 2
 
 
 class ModelFolderError(ValueError):
@@ -30,6 +38,22 @@ class ModelConfig:
     attention_bias: bool  # q/k/v biases (always on for Qwen2)
     qk_norm: bool  # per-head RMSNorm on q and k (Qwen3)
     tie_word_embeddings: bool
+    # None: a causal LM. Otherwise a sequence classifier with this many classes, named by
+    # `class_names` (HF's id2label, in class order).
+    num_labels: int | None = None
+    class_names: tuple[str, ...] = ()
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.num_labels is not None
+
+    def with_label_head(self) -> ModelConfig:
+        """This causal LM as it serves with rerank.classifier_from_labels: a one-class
+        classifier whose head is its LM head's yes row minus its no row."""
+        if self.is_classifier:
+            raise ModelFolderError("rerank.classifier_from_labels turns a causal LM's label rows "
+                                   "into a head; this model is a classifier already")
+        return dataclasses.replace(self, num_labels=1, class_names=("yes - no",))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelConfig:
@@ -51,6 +75,7 @@ class ModelConfig:
         if rope_type not in ("default", "llama3"):
             raise ModelFolderError(f"rope_type {rope_type!r} is not supported (default, llama3)")
         heads = cfg["num_attention_heads"]
+        num_labels, class_names = _head(cfg)
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
@@ -67,4 +92,22 @@ class ModelConfig:
             attention_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
             qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            num_labels=num_labels,
+            class_names=class_names,
         )
+
+
+def _head(cfg: dict) -> tuple[int | None, tuple[str, ...]]:
+    """(None, ()) for a causal LM; (classes, their names) for a sequence classifier."""
+    architectures = cfg.get("architectures") or []
+    arch = architectures[0] if architectures else ""
+    if not arch or arch.endswith(CAUSAL_LM_SUFFIX):
+        return None, ()  # a config without architectures has always been read as a causal LM
+    if not arch.endswith(CLASSIFIER_SUFFIX):
+        raise ModelFolderError(f"architecture {arch!r} is not supported: a *{CAUSAL_LM_SUFFIX} "
+                               f"or *{CLASSIFIER_SUFFIX} model is needed")
+    id2label = cfg.get("id2label") or {}
+    num_labels = len(id2label) or cfg.get("num_labels") or HF_DEFAULT_NUM_LABELS
+    names = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}")))
+                  for i in range(num_labels))
+    return num_labels, names

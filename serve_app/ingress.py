@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 app = FastAPI(
     title="LLM ranking service",
-    description="Scores items against a query with a causal LM: label-token probabilities.",
+    description="Scores items against a query with a causal LM (label-token probabilities) or "
+    "a sequence-classification model (class logits).",
     docs_url=None, redoc_url=None,  # served with local assets instead of a CDN's
 )
 add_offline_docs(app)
@@ -181,13 +182,18 @@ class ScoreIngress:
             keys.on_reload = self.metrics.declare_keys
         require_keys(keys, self._refused)
         self.scorers = ScorerWatch(worker)
-        self.score_route = ScoreRoute(self.limits, model.vocab_size, tokenizer, self.model_name)
-        # A label that is not exactly one token fails the replica's start, naming it.
+        if config.rerank.classifier_from_labels:  # as the scorer loads it (gpu_worker/heads.py)
+            model = model.with_label_head()
+        self.score_route = ScoreRoute(self.limits, model.vocab_size, tokenizer, self.model_name,
+                                      model.num_labels)
+        # On a causal LM, a label that is not exactly one token fails the replica's start,
+        # naming it; a classifier scores with its head and reads no label tokens.
         prompt = config.rerank.resolved_prompt()
-        prompter = RerankPrompter(prompt, tokenizer)
+        prompter = RerankPrompter(prompt, tokenizer, label_tokens=not model.is_classifier
+                                  or config.rerank.classifier_from_labels)
         self.rerank_routes = {
             version: RerankRoute(prompter, prompt.default_instruction, self.limits,
-                                 self.model_name, version)
+                                 self.model_name, version, model.num_labels)
             for version in ("1", "2")}
 
     @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,

@@ -22,12 +22,19 @@ class ScoreRequest(BaseModel):
         description="Text (one string or a list), or a list of token-id lists; same kind as query.",
     )
     label_token_ids: list[StrictInt] | None = Field(
-        default=None, description="Token ids whose probabilities are returned, in this order."
+        default=None, description="Causal LM (required): token ids whose probabilities are "
+        "returned, in this order. Classification model: class indices, in this order; every "
+        "class when omitted.",
     )
     apply_softmax: StrictBool = Field(
         default=False,
-        description="false: full-vocabulary probability of each label; "
-        "true: softmax over the labels only, per item.",
+        description="false: full-vocabulary probability of each label (causal LM), or the raw "
+        "class logits (classification model); true: softmax over the listed labels or classes "
+        "only, per item.",
+    )
+    apply_sigmoid: StrictBool | None = Field(
+        default=None, description="Classification models only: true returns the sigmoid of "
+        "each class logit (e.g. a one-class reward or relevance score as a probability).",
     )
     item_first: StrictBool = Field(
         default=False, description="Score item + query instead of query + item."

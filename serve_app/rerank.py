@@ -4,7 +4,8 @@ tokenization into the multi-item contract, and the response.
 A request becomes `prefix D doc_1+suffix D ... D doc_n+suffix D`: the rendered prefix (query
 and instruction) is the shared query of ranker_contract/packing.py, and each item is one
 document's tokens followed by the suffix's tokens, so each item's score row is its last suffix
-token, where the model says yes or no.
+token, where the model says yes or no (a classification model's head reads that row instead:
+serve_app/classifier.py).
 """
 
 from __future__ import annotations
@@ -57,14 +58,23 @@ def check_rerank(req: RerankRequest, limits: Limits, default_instruction: str) -
 
 
 class RerankPrompter:
-    """The configured template, with its fixed parts and label ids tokenized once."""
+    """The configured template, with its fixed parts and label ids tokenized once.
+    `label_tokens`: resolve the yes/no labels to token ids (a causal LM; a classifier's head
+    needs none: then `label_ids` is None)."""
 
-    def __init__(self, prompt: RerankPrompt, tokenizer: TextTokenizer) -> None:
+    def __init__(self, prompt: RerankPrompt, tokenizer: TextTokenizer, *,
+                 label_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         before, after = prompt.document.split("{document}")
         self._prefix_template = prompt.prefix + before
         self._after = after + prompt.suffix  # the text after each document
         self.suffix_ids = tokenizer.encode_items([self._after])[0]
+        self.label_ids: list[int] | None = None
+        if not label_tokens:
+            return
+        if prompt.yes_label is None or prompt.no_label is None:
+            raise ValueError("rerank.prompt.yes_label and no_label are required on a causal LM: "
+                             "its relevance is P(yes) / (P(yes) + P(no))")
         self.label_ids = [_single_token(tokenizer, prompt.yes_label, "yes_label"),
                           _single_token(tokenizer, prompt.no_label, "no_label")]
 

@@ -11,7 +11,8 @@ import asyncio
 from dataclasses import dataclass
 
 from ranker_contract.config import Limits
-from serve_app.protocol import RerankRequest, ScoreResponse, Usage
+from serve_app.classifier import class_scores, classifier_relevance, rerank_classes
+from serve_app.protocol import ApiError, RerankRequest, ScoreResponse, Usage
 from serve_app.rerank import RerankInput, RerankPrompter, build_response, check_rerank, relevance
 from serve_app.scoring import to_scores, tokenize
 from serve_app.tokenizer import TextTokenizer
@@ -31,19 +32,21 @@ class Tokenized:
 
 
 class ScoreRoute:
-    """/v1/score, SGLang's body: the request names its label ids; one score per label."""
+    """/v1/score, SGLang's body: the request names its label ids; one score per label. On a
+    classifier (`num_labels` classes) the labels are class indices (serve_app/classifier.py)."""
 
     field = "items"  # the request field an item's error names: items[k]
 
     def __init__(self, limits: Limits, vocab_size: int, tokenizer: TextTokenizer,
-                 model_name: str) -> None:
-        self.limits, self.vocab_size = limits, vocab_size
+                 model_name: str, num_labels: int | None = None) -> None:
+        self.limits, self.vocab_size, self.num_labels = limits, vocab_size, num_labels
         self.tokenizer, self.model_name = tokenizer, model_name
 
     def parse(self, body: bytes) -> ParsedRequest:
         # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with
         # the field named, instead of FastAPI's 422 list.
-        return check_request(parse_body(body, self.limits), self.limits, self.vocab_size)
+        return check_request(parse_body(body, self.limits), self.limits, self.vocab_size,
+                             self.num_labels)
 
     async def tokenize(self, req: ParsedRequest) -> Tokenized:
         if req.is_text:
@@ -56,8 +59,12 @@ class ScoreRoute:
 
     def respond(self, req: ParsedRequest, tokenized: Tokenized,
                 logprobs: list[list[float]], prompt_tokens: int) -> dict:
+        if self.num_labels is None:
+            scores = [to_scores(row, req.apply_softmax) for row in logprobs]
+        else:  # the rows are class logits
+            scores = [class_scores(row, req.apply_softmax, req.apply_sigmoid) for row in logprobs]
         return ScoreResponse(
-            scores=[to_scores(row, req.apply_softmax) for row in logprobs],
+            scores=scores,
             model=req.model or self.model_name,
             usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
         ).model_dump()
@@ -65,28 +72,38 @@ class ScoreRoute:
 
 class RerankRoute:
     """/v1/rerank or /v2/rerank, Cohere's body: the configured prompt template and its two
-    labels; one relevance score per document, sorted."""
+    labels (a causal LM) or the head's one or two classes (a classifier of `num_labels`
+    classes: serve_app/classifier.py); one relevance score per document, sorted."""
 
     field = "documents"
 
     def __init__(self, prompter: RerankPrompter, default_instruction: str, limits: Limits,
-                 model_name: str, api_version: str) -> None:
+                 model_name: str, api_version: str, num_labels: int | None = None) -> None:
         self.prompter, self.default_instruction = prompter, default_instruction
         self.limits, self.model_name, self.api_version = limits, model_name, api_version
+        self.num_labels = num_labels
+        if num_labels is None:
+            self.label_ids, self.relevance = prompter.label_ids, relevance
+        else:  # None with more than two classes: parse() refuses every request
+            self.label_ids, self.relevance = rerank_classes(num_labels), classifier_relevance
 
     def parse(self, body: bytes) -> RerankInput:
-        return check_rerank(parse_body(body, self.limits, RerankRequest), self.limits,
-                            self.default_instruction)
+        req = check_rerank(parse_body(body, self.limits, RerankRequest), self.limits,
+                           self.default_instruction)
+        if self.label_ids is None:
+            raise ApiError(400, f"this model is a classifier of {self.num_labels} classes: a "
+                           "rerank relevance needs one class (its sigmoid) or two (class 1's "
+                           "probability); use /v1/score for the class scores")
+        return req
 
     async def tokenize(self, req: RerankInput) -> Tokenized:
         # In a thread, as for /v1/score: long documents must not stall other requests.
         prefix, items, truncated = await asyncio.to_thread(self.prompter.tokenize, req)
-        return Tokenized(prefix, items, self.prompter.label_ids, from_text=True,
-                         truncated=truncated)
+        return Tokenized(prefix, items, self.label_ids, from_text=True, truncated=truncated)
 
     def respond(self, req: RerankInput, tokenized: Tokenized,
                 logprobs: list[list[float]], prompt_tokens: int) -> dict:
-        return build_response(req, [relevance(row) for row in logprobs], prompt_tokens,
+        return build_response(req, [self.relevance(row) for row in logprobs], prompt_tokens,
                               tokenized.truncated, self.api_version,
                               req.model or self.model_name)
 

@@ -1,5 +1,6 @@
 """The steps of a score request between validation and the scorer, as plain functions:
-tokenize, pack (with the token-count limit), and log-probs to scores."""
+tokenize, pack (with the token-count limit), and log-probs to scores (a classifier's logits
+to scores: serve_app/classifier.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 
 from ranker_contract.config import Limits
 from ranker_contract.packing import PackedSequence, PackingError, pack_request
+from serve_app.classifier import softmax
 from serve_app.protocol import ApiError
 from serve_app.tokenizer import TextTokenizer
 from serve_app.validate import ParsedRequest, check_token_count
@@ -43,7 +45,4 @@ def to_scores(logprobs: list[float], apply_softmax: bool) -> list[float]:
     cancels)."""
     if not apply_softmax:
         return [math.exp(lp) for lp in logprobs]
-    top = max(logprobs)
-    weights = [math.exp(lp - top) for lp in logprobs]
-    total = sum(weights)
-    return [w / total for w in weights]
+    return softmax(logprobs)

@@ -9,6 +9,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ranker_contract.config import Limits
+from serve_app.classifier import check_class_ids, check_normalisation
 from serve_app.protocol import ApiError, ScoreRequest
 
 
@@ -17,10 +18,11 @@ class ParsedRequest:
     is_text: bool
     query: str | list[int]
     items: list[str] | list[list[int]]
-    label_ids: list[int]
+    label_ids: list[int]  # vocabulary ids (causal LM) or class indices (classifier)
     apply_softmax: bool
     item_first: bool
     model: str | None
+    apply_sigmoid: bool = False  # classifiers only
 
 
 _UNION_MESSAGES = {
@@ -84,21 +86,15 @@ def _describe(exc: ValidationError) -> ApiError:
     return ApiError(400, f"{path}: {err['msg']}", path)
 
 
-def check_request(req: ScoreRequest, limits: Limits, vocab_size: int) -> ParsedRequest:
-    """Everything that can be checked before tokenization."""
-    labels = req.label_token_ids
-    if not labels:
-        raise ApiError(400, "label_token_ids is required and must be a nonempty list",
-                       "label_token_ids")
-    if len(labels) > limits.max_labels_per_request:
-        raise ApiError(400, f"label_token_ids has {len(labels)} ids; the limit is "
-                       f"{limits.max_labels_per_request}", "label_token_ids")
-    for i, label in enumerate(labels):
-        if not 0 <= label < vocab_size:
-            raise ApiError(400, f"label_token_ids[{i}] = {label} is outside the vocabulary "
-                           f"[0, {vocab_size})", f"label_token_ids[{i}]")
-    if len(set(labels)) != len(labels):
-        raise ApiError(400, "label_token_ids must not contain duplicates", "label_token_ids")
+def check_request(req: ScoreRequest, limits: Limits, vocab_size: int,
+                  num_labels: int | None = None) -> ParsedRequest:
+    """Everything that can be checked before tokenization. `num_labels`: the model is a
+    classifier of that many classes (serve_app/classifier.py), None: a causal LM."""
+    if num_labels is not None:
+        labels = check_class_ids(req.label_token_ids, num_labels, limits.max_labels_per_request)
+        check_normalisation(req.apply_softmax, bool(req.apply_sigmoid), num_labels)
+    else:
+        labels = _check_vocabulary_labels(req, limits, vocab_size)
 
     if req.items is None:
         raise ApiError(400, "items must be provided", "items")
@@ -124,7 +120,29 @@ def check_request(req: ScoreRequest, limits: Limits, vocab_size: int) -> ParsedR
     if req.model is not None:
         check_text(req.model, "model")  # echoed back in the response
     return ParsedRequest(is_text, query, items, list(labels), req.apply_softmax,
-                         req.item_first, req.model)
+                         req.item_first, req.model, bool(req.apply_sigmoid))
+
+
+def _check_vocabulary_labels(req: ScoreRequest, limits: Limits, vocab_size: int) -> list[int]:
+    """A causal LM's label_token_ids: required, token ids of its vocabulary."""
+    if req.apply_sigmoid is not None:
+        raise ApiError(400, "apply_sigmoid applies to classification models only; this model "
+                       "is a causal LM (apply_softmax normalises over the labels)",
+                       "apply_sigmoid")
+    labels = req.label_token_ids
+    if not labels:
+        raise ApiError(400, "label_token_ids is required and must be a nonempty list",
+                       "label_token_ids")
+    if len(labels) > limits.max_labels_per_request:
+        raise ApiError(400, f"label_token_ids has {len(labels)} ids; the limit is "
+                       f"{limits.max_labels_per_request}", "label_token_ids")
+    for i, label in enumerate(labels):
+        if not 0 <= label < vocab_size:
+            raise ApiError(400, f"label_token_ids[{i}] = {label} is outside the vocabulary "
+                           f"[0, {vocab_size})", f"label_token_ids[{i}]")
+    if len(set(labels)) != len(labels):
+        raise ApiError(400, "label_token_ids must not contain duplicates", "label_token_ids")
+    return labels
 
 
 def check_text(text: str, param: str) -> None:

@@ -57,6 +57,19 @@ TINY_FAMILIES = {
 }
 
 
+# name -> (config class name, extra config kwargs) of the tiny *ForSequenceClassification folders:
+# one class (a reward model's head), two and three; Llama with a pad token (HF then pools at the
+# last token that is not it: the tests' inputs never contain it) and an untied embedding.
+TINY_CLASSIFIERS = {
+    "qwen3_1class": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=True, num_labels=1)),
+    "llama_3class": ("LlamaConfig", dict(head_dim=16, tie_word_embeddings=False,
+                                         pad_token_id=_TINY_SHAPE["vocab_size"] - 1,
+                                         id2label={0: "bad", 1: "ok", 2: "good"})),
+    "qwen2_2class": ("Qwen2Config", dict(tie_word_embeddings=False, num_labels=2)),
+    "llama_2class": ("LlamaConfig", dict(head_dim=16, tie_word_embeddings=False, num_labels=2)),
+}
+
+
 def _randomize(model: torch.nn.Module) -> None:
     """Seeded weights large enough that log-probs spread out (a near-uniform head would hide
     errors) and biases clearly non-zero (HF zero-initialises them)."""
@@ -82,6 +95,30 @@ def tiny_checkpoint(tmp_path_factory):
             made[family] = save_random_model(tmp_path_factory.mktemp(f"tiny_{family}"), config,
                                              seed=1234, dtype="float32", reinit=_randomize)
         return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tmp_path_factory):
+    """Factory: a key of TINY_CLASSIFIERS -> path of a saved fp32 HF *ForSequenceClassification
+    folder (transformers' save_pretrained of a seeded model). With `tokenizer_files` (a real
+    tokenizer's, to serve text) the vocabulary is `vocab_size`, the tokenizer's."""
+    import transformers
+
+    made: dict[tuple, Path] = {}
+
+    def make(name: str, vocab_size: int | None = None, tokenizer_files=()) -> Path:
+        key = (name, vocab_size)
+        if key not in made:
+            config_cls, extra = TINY_CLASSIFIERS[name]
+            shape = dict(_TINY_SHAPE, vocab_size=vocab_size or _TINY_SHAPE["vocab_size"])
+            config = getattr(transformers, config_cls)(**shape, **extra)
+            made[key] = save_random_model(tmp_path_factory.mktemp(f"tiny_{name}"), config,
+                                          seed=4321, dtype="float32", reinit=_randomize,
+                                          tokenizer_files=tokenizer_files,
+                                          sequence_classification=True)
+        return made[key]
 
     return make
 

@@ -18,13 +18,21 @@ QUERIES, REPEATS = 6, 4
 TOL = 1e-4  # a hit runs other matmul shapes than the miss (fp32 on CPU)
 
 
-def lookups(metrics_url: str) -> dict[str, float]:
-    """ranker_prefix_cache_lookups by result, summed over the scorer replicas."""
+def lookups(metrics_url: str, per_replica: bool = False) -> dict:
+    """ranker_prefix_cache_lookups by result, summed over the scorer replicas (or by replica:
+    its lookups of any result)."""
     found: dict[str, float] = {}
     for name, labels, value in scrape(metrics_url):
         if name == "ray_ranker_prefix_cache_lookups_total":
-            found[labels["result"]] = found.get(labels["result"], 0.0) + value
+            key = labels["replica"] if per_replica else labels["result"]
+            found[key] = found.get(key, 0.0) + value
     return found
+
+
+def body(rng: random.Random) -> dict:
+    return {"query": [rng.randrange(2, 49000) for _ in range(120)],
+            "items": [[rng.randrange(2, 49000) for _ in range(20)] for _ in range(3)],
+            "label_token_ids": [9, 11]}
 
 
 def test_repeats_of_a_query_hit_one_replica_and_survive_its_loss(small_model):
@@ -36,52 +44,44 @@ def test_repeats_of_a_query_hit_one_replica_and_survive_its_loss(small_model):
     worker.update(num_replicas=2)
     worker["ray_actor_options"]["num_cpus"] = 0.5
     rng = random.Random(7)
-    bodies = [{"query": [rng.randrange(2, 49000) for _ in range(120)],
-               "items": [[rng.randrange(2, 49000) for _ in range(20)] for _ in range(3)],
-               "label_token_ids": [9, 11]} for _ in range(QUERIES)]
     svc = tooling.start_service(config, tooling.FAST_METRICS_ENV)
     try:
         tooling.wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 240,
                            "two scorers", svc)
-
-        def send_all() -> list[list[list[float]]]:
-            answers = []
-            for body in bodies:
-                r = httpx.post(f"{svc.url}/v1/score", json=body, timeout=120)
-                assert r.status_code == 200, r.text
-                answers.append(r.json()["scores"])
-            return answers
-
-        def assert_same_scores(answers) -> None:
-            for got, want in zip(answers, first, strict=True):
-                diff = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g, w))
-                assert diff <= TOL
-
         metrics_url = svc.metrics_url()
 
-        def settled_lookups(sent: int) -> dict[str, float]:
-            """The counters once every one of `sent` lookups is published."""
+        def score(request: dict) -> list[list[float]]:
+            r = httpx.post(f"{svc.url}/v1/score", json=request, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()["scores"]
+
+        def counted(sent: int) -> dict[str, float]:
+            """The lookups once all `sent` are published."""
             tooling.wait_until(lambda: sum(lookups(metrics_url).values()) == sent, 60,
                                f"{sent} lookups counted (last: {lookups(metrics_url)})", svc)
             return lookups(metrics_url)
 
-        first = send_all()
-        # Until the ingress's router has heard of both scorers, a query may go to either: send
-        # rounds until one computes no query anew (each can miss at most once per replica).
-        before, rounds = settled_lookups(QUERIES), 1
-        while True:
-            assert_same_scores(send_all())
-            rounds += 1
-            now = settled_lookups(rounds * QUERIES)
-            if now["miss"] == before["miss"] or rounds == 4:
-                break
-            before = now
-        assert now["miss"] <= 2 * QUERIES and now["bypass"] == 0
-        # Settled: every repeat is a hit, on the replica that computed it.
-        for _ in range(REPEATS):
-            assert_same_scores(send_all())
-        after = settled_lookups((rounds + REPEATS) * QUERIES)
-        assert after["miss"] == now["miss"] and after["hit"] == now["hit"] + REPEATS * QUERIES
+        # Until the ingress's router has heard of both scorers it routes to one. Distinct queries
+        # until both have computed one: from then on, the router ranks both.
+        sent = 0
+        while sum(1 for n in lookups(metrics_url, per_replica=True).values() if n > 0) < 2:
+            assert sent < 40, "40 distinct queries, and one scorer got none"
+            score(body(rng))
+            sent += 1
+            counted(sent)
+        before = counted(sent)
+
+        bodies = [body(rng) for _ in range(QUERIES)]
+        first = [score(b) for b in bodies]
+        for _ in range(REPEATS - 1):
+            for b, want in zip(bodies, first, strict=True):
+                got = score(b)
+                assert max(abs(x - y) for g, w in zip(got, want) for x, y in zip(g, w)) <= TOL
+        after = counted(sent + QUERIES * REPEATS)
+        # Affinity: each query computed once, on one replica, and hit there afterwards (Serve's
+        # default routing would compute most queries on both: about 11 misses of 6 queries).
+        assert {k: after[k] - before[k] for k in after} == {
+            "miss": QUERIES, "hit": QUERIES * (REPEATS - 1), "bypass": 0}
 
         victim = svc.replica_processes("ScoreWorker")[0]
         victim.kill()
@@ -90,6 +90,8 @@ def test_repeats_of_a_query_hit_one_replica_and_survive_its_loss(small_model):
                                                   svc.replica_processes("ScoreWorker")],
                            240, "killed scorer replaced", svc)
         # Its queries are computed again (by whichever replica now owns them); scores unchanged.
-        assert_same_scores(send_all())
+        for b, want in zip(bodies, first, strict=True):
+            got = score(b)
+            assert max(abs(x - y) for g, w in zip(got, want) for x, y in zip(g, w)) <= TOL
     finally:
         tooling.stop_service(svc)

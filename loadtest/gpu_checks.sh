@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root:
 #   source .device/install.sh && bash loadtest/gpu_checks.sh [tests|bench|all] [bench args...]
-# Makes the Qwen3-0.6B-shaped random model, runs tests/gpu, then the engine benchmark.
+# Makes the Qwen3-0.6B-shaped random models (causal and classifier), runs tests/gpu (the FP8
+# checkpoint tests need compressed-tensors: pip install it first), then the engine benchmark.
 # Logs and JSON go to $OUT (or docs/results).
 set -uo pipefail
 what=${1:-all}; shift || true
@@ -11,6 +12,7 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} RAY_USAGE_ST
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 python3 -c "import torch, flashinfer, transformers; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'transformers', transformers.__version__)"
 python3 scripts/make_random_model.py || exit 1
+python3 scripts/make_random_model.py --shape 0.6b-cls || exit 1  # bench_engine --modes classifier
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest tests/gpu -q -s -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"

@@ -143,9 +143,10 @@ class PrefixCache:
         """`tokens` free slots, evicting least-recently used entries the batch does not use."""
         if tokens > len(self.k[0]):
             return None
-        victims = iter([key for key in self.entries if key not in used])
         while len(self.free) < tokens:
-            key = next(victims, None)
+            # The least recently used entry this batch does not use: at or near the front, so
+            # a miss in a pool of thousands of entries costs no scan of them all.
+            key = next((k for k in self.entries if k not in used), None)
             if key is None:
                 return None
             self.free.extend(self.entries.pop(key))

@@ -42,22 +42,23 @@ def paged_layout(sequences: list[PackedSequence],
                  ) -> tuple[list[int], list[int], array.array]:
     """(qo_indptr, kv_indptr, kv_indices) of the batch: one request per attention block, its K/V
     pages the sequence's query rows (blocks after the first) and then the block's rows. A
-    prefix-cache hit (`cached_queries[i]` = (start, length)) has item blocks only, and each reads
-    its query from the cached rows appended after the batch's own (gpu_worker/prefix_cache.py)."""
+    sequence with its first query rows in the prefix cache (`cached_queries[i]` = (start,
+    length), gpu_worker/prefix_cache.py) reads them, in every block, from the cached rows
+    appended after the batch's own, ahead of its own query rows."""
     qo_indptr, kv_indptr = [0], [0]
     kv_indices = array.array("i")
     rows = sum(seq.num_tokens for seq in sequences)
+    no_rows = row_indices(0, 0)
     offset = 0
     for i, seq in enumerate(sequences):
         start = offset
         cached = cached_queries[i] if cached_queries else None
-        if cached is None:
-            query_rows, first_reader = row_indices(offset, offset + seq.prefix_len), 1
-        else:
-            query_rows = row_indices(rows + cached[0], rows + cached[0] + cached[1])
-            first_reader = 0
+        cached_rows = (row_indices(rows + cached[0], rows + cached[0] + cached[1]) if cached
+                       else no_rows)
+        query_rows = row_indices(offset, offset + seq.prefix_len)
         for block, end in enumerate(seq.block_ends):
-            if block >= first_reader:
+            kv_indices.extend(cached_rows)
+            if block:
                 kv_indices.extend(query_rows)
             kv_indices.extend(row_indices(start, offset + end))
             start = offset + end

@@ -25,11 +25,12 @@ def multi_item_mask(seq: PackedSequence) -> torch.Tensor:
     return (cols <= rows) & (same_block | sees_query)
 
 
-def cached_query_mask(seq: PackedSequence, query_len: int) -> torch.Tensor:
-    """[L, query_len + L] for a prefix-cache hit (gpu_worker/prefix_cache.py): every row sees
-    the whole cached query, then its own block up to itself."""
-    own = multi_item_mask(seq)  # prefix_len 0: each block causal within itself
-    return torch.cat([torch.ones(seq.num_tokens, query_len, dtype=torch.bool), own], dim=1)
+def cached_query_mask(seq: PackedSequence, cached: int) -> torch.Tensor:
+    """[L, cached + L] for a sequence whose first `cached` query rows are in the prefix cache
+    (gpu_worker/prefix_cache.py): every row sees them all, then what the multi-item rule lets it
+    see of its own rows (the query rows left, then its block up to itself)."""
+    own = multi_item_mask(seq)
+    return torch.cat([torch.ones(seq.num_tokens, cached, dtype=torch.bool), own], dim=1)
 
 
 class TorchAttention:

@@ -233,7 +233,8 @@ def _prefix_cache(mcfg, cfg: EngineConfig, dtype: torch.dtype,
                 f"GiB of K/V, more than {MEMORY_FRACTION:.0%} of the {free / 2**30:.1f} GiB free "
                 "after the weights: lower it")
     logger.info("prefix cache: %d tokens, %.2f GiB", cfg.prefix_cache_tokens, need / 2**30)
-    return PrefixCache(mcfg, cfg.prefix_cache_tokens, cfg.prefix_cache_min_tokens, dtype, device)
+    return PrefixCache(mcfg, cfg.prefix_cache_tokens, cfg.prefix_cache_min_tokens,
+                       cfg.prefix_cache_page_tokens, dtype, device)
 
 
 def _host_metadata(sequences: list[PackedSequence],

@@ -26,7 +26,7 @@ STEP_BUCKETS_S = [0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1
 BATCH_ERROR_TYPES = ("OutOfMemoryError", "AcceleratorError", "RuntimeError", "other")
 
 
-CACHE_RESULTS = ("hit", "miss", "bypass")
+CACHE_RESULTS = ("hit", "partial", "miss", "bypass")
 
 
 def declare_at_zero(counter: Counter, tags: dict[str, str] | None = None) -> None:
@@ -62,12 +62,12 @@ class WorkerMetrics:
                                 "replica was full: its token queue, or a wait past "
                                 "max_queue_wait_s")
         self.cache_lookups = Counter("ranker_prefix_cache_lookups", "Queries looked up in the "
-                                     "prefix cache: hit, miss (computed and kept) or bypass "
-                                     "(computed, the pool held by the batch's own entries)",
-                                     tag_keys=("result",))
+                                     "prefix cache: hit (all of it cached), partial (its first "
+                                     "pages), miss (none; computed and kept) or bypass (not all "
+                                     "cached, no room to keep it)", tag_keys=("result",))
         self.cache_tokens_reused = Counter("ranker_prefix_cache_tokens_reused", "Query tokens "
                                            "not computed thanks to a prefix-cache hit")
-        self.cache_evictions = Counter("ranker_prefix_cache_evictions", "Queries evicted from "
+        self.cache_evictions = Counter("ranker_prefix_cache_evictions", "Pages evicted from "
                                        "the prefix cache (least recently used first)")
         self.cache_tokens = Gauge("ranker_prefix_cache_tokens", "Tokens of K/V held in the "
                                   "prefix cache")
@@ -118,7 +118,8 @@ class WorkerMetrics:
 
     def _publish_cache(self) -> None:
         now, seen = dataclasses.replace(self.cache), self._cache_seen  # a snapshot
-        for result, name in zip(CACHE_RESULTS, ("hits", "misses", "bypasses"), strict=True):
+        for result, name in zip(CACHE_RESULTS, ("hits", "partial_hits", "misses", "bypasses"),
+                                strict=True):
             if getattr(now, name) > getattr(seen, name):
                 self.cache_lookups.inc(getattr(now, name) - getattr(seen, name),
                                        tags={"result": result})

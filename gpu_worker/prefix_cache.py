@@ -1,84 +1,111 @@
 """The query-prefix K/V cache of a scorer replica (docs/ARCHITECTURE.md, "Prefix cache").
 
 The K/V of a multi-item sequence's query rows, exactly as attention read them (after k-norm and
-RoPE at positions 0..P-1), stay in a pool of token slots per layer. A later sequence with the
-same query ids (a hit) runs only its item blocks: its rows drop `Q D`, every item block attends
-to the cached query slots and to itself, and its positions stay P + j as before, so it computes
-what the whole sequence would have at the item rows. A miss computes as before and copies its
-query rows into free slots as each layer runs; a later sequence of the same batch already hits
+RoPE at positions 0..P-1), stay in a pool of token slots per layer, in pages of `page_tokens`
+query tokens (the query's last page may be shorter). A page is found by a digest chained over the
+query's ids up to its end, so a lookup finds the longest cached prefix of a query: all of it
+when the same query comes back, its first pages when another query starts alike (a rerank
+template's instruction, a history that grew). A sequence with C cached tokens (a hit when C is
+the whole query, else a partial hit) runs without its first C rows: its remaining query rows
+and every item block attend to the cached slots and to their own rows, positions unchanged, so
+it computes what the whole sequence would have at the item rows. The query rows it computes
+are copied into new pages as each layer runs; a later sequence of the same batch already reads
 them (same layer, later in the stream).
 
 Only queries (never item rows) are cached, keyed on their exact token ids: a pool belongs to
-one engine, so model, dtype and precision are fixed. Entries are evicted least-recently used.
-Nothing here waits on the GPU: every batch runs on one CUDA stream, so a batch that evicts an
-entry and writes its slots runs after every earlier batch that read them; a batch never evicts
-an entry it uses itself (else it computes the query without caching it: a bypass).
+one engine, so model, dtype and precision are fixed. Pages are evicted least-recently used, a
+query's deeper pages before its first ones. Nothing here waits on the GPU: every batch runs on
+one CUDA stream, so a batch that evicts a page and writes its slots runs after every earlier
+batch that read them; a batch never evicts a page it uses itself (else it computes the rest of
+the query without keeping it: a bypass).
 """
 
 from __future__ import annotations
 
+import array
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
 from ranker_contract.model_config import ModelConfig
-from ranker_contract.packing import PackedSequence, cacheable_query, query_bytes
+from ranker_contract.packing import PackedSequence, cacheable_query
 
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Running totals (read by the metrics thread; only the scheduling loop writes them)."""
+    """Running totals (read by the metrics thread; only the scheduling loop writes them).
+    Each cacheable sequence counts once: hit (its whole query cached), partial (a prefix of
+    it), miss (none; its query kept) or bypass (not all of it cached, and no room to keep it)."""
 
     hits: int = 0
-    misses: int = 0  # computed and inserted
-    bypasses: int = 0  # computed, not inserted: the pool was held by the batch's own entries
-    tokens_reused: int = 0  # query tokens not computed thanks to a hit
-    evictions: int = 0
+    partial_hits: int = 0
+    misses: int = 0
+    bypasses: int = 0
+    tokens_reused: int = 0  # query tokens not computed thanks to the cache
+    evictions: int = 0  # pages
     cached_tokens: int = 0  # slots held now
 
 
 @dataclass(slots=True)
 class CachePlan:
     """What one batch does with the cache. `sequences` are the batch's rows as the engine runs
-    them (hits without their `Q D`); `cached_queries[i]` is (start, length) of sequence i's query
-    K/V in the rows `attend` appends after the batch's own, or None."""
+    them (without their cached query rows); `cached_queries[i]` is (start, length) of sequence
+    i's cached query K/V in the rows `attend` appends after the batch's own, or None."""
 
     sequences: list[PackedSequence]
     cached_queries: list[tuple[int, int] | None]
     insert_rows: list[int] = field(default_factory=list)  # batch rows copied into the pool...
     insert_slots: list[int] = field(default_factory=list)  # ...at these slots
     gather_slots: list[int] = field(default_factory=list)  # slots appended after the batch rows
-    inserted: list[bytes] = field(default_factory=list)  # entries this batch fills
+    inserted: list[bytes] = field(default_factory=list)  # pages this batch fills
 
     @property
     def active(self) -> bool:
         return bool(self.insert_rows or self.gather_slots)
 
 
-def hit_form(seq: PackedSequence) -> PackedSequence:
-    """`seq` without its `Q D` rows: its item blocks, positions unchanged, prefix_len 0 (the
-    query comes from the cache)."""
-    cut = seq.prefix_len + 1
+@dataclass(slots=True)
+class _Page:
+    ids: bytes  # its own query tokens: checked on every hit (a digest is not a proof)
+    slots: list[int]
+
+
+def cached_form(seq: PackedSequence, cached: int) -> PackedSequence:
+    """`seq` without its first `cached` rows (all query rows): the query rows left become its
+    prefix, positions unchanged. With the whole query cached, block 0 is the lone delimiter."""
     return PackedSequence(
-        input_ids=seq.input_ids[cut:],
-        positions=seq.positions[cut:],
-        prefix_len=0,
-        block_ends=[end - cut for end in seq.block_ends[1:]],
-        score_rows=[row - cut for row in seq.score_rows],
+        input_ids=seq.input_ids[cached:],
+        positions=seq.positions[cached:],
+        prefix_len=seq.prefix_len - cached,
+        block_ends=[end - cached for end in seq.block_ends],
+        score_rows=[row - cached for row in seq.score_rows],
         item_offset=seq.item_offset,
     )
 
 
+def page_keys(query: list[int], page_tokens: int) -> list[tuple[bytes, bytes]]:
+    """(digest, ids) of each page of `query`: the digest chains every id up to the page's end."""
+    pages, digest, raw, step = [], b"", array.array("i", query).tobytes(), 4 * page_tokens
+    for start in range(0, len(raw), step):
+        ids = raw[start:start + step]
+        digest = hashlib.blake2b(digest + ids, digest_size=16).digest()
+        pages.append((digest, ids))
+    return pages
+
+
 class PrefixCache:
     def __init__(self, cfg: ModelConfig, capacity_tokens: int, min_tokens: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 page_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (cfg.num_hidden_layers, capacity_tokens, cfg.num_key_value_heads, cfg.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.capacity = capacity_tokens
         self.min_tokens = min_tokens
+        self.page_tokens = page_tokens
         self.free = list(range(capacity_tokens))
-        self.entries: OrderedDict[bytes, list[int]] = OrderedDict()  # query ids → slots, LRU first
+        self.pages: OrderedDict[bytes, _Page] = OrderedDict()  # digest → page, LRU first
         self.stats = PrefixCacheStats()
 
     @staticmethod
@@ -87,72 +114,94 @@ class PrefixCache:
 
     def plan(self, sequences: list[PackedSequence]) -> CachePlan:
         """Look up, insert and evict for one batch (host work only)."""
-        used: set[bytes] = set()  # entries this batch reads or writes: never evicted by it
-        gathered: dict[bytes, int] = {}  # entry → start of its rows appended after the batch
-        forms: list[PackedSequence] = []
-        cached: list[tuple[int, int] | None] = []
-        inserts: list[tuple[int, list[int]]] = []  # (index in forms, slots)
-        plan = CachePlan(forms, cached)
+        used: set[bytes] = set()  # pages this batch reads or writes: never evicted by it
+        gathered: dict[bytes, int] = {}  # deepest cached page → start of the appended rows
+        plan = CachePlan([], [])
+        inserts: list[tuple[int, list[int]]] = []  # (index in plan.sequences, slots)
         for seq in sequences:
             if not cacheable_query(seq, self.min_tokens):
-                forms.append(seq)
-                cached.append(None)
+                plan.sequences.append(seq)
+                plan.cached_queries.append(None)
                 continue
-            key = query_bytes(seq)
-            slots = self.entries.get(key)
-            if slots is not None:
-                self.entries.move_to_end(key)
-                if key not in gathered:
-                    gathered[key] = len(plan.gather_slots)
-                    plan.gather_slots.extend(slots)
-                used.add(key)
-                forms.append(hit_form(seq))
-                cached.append((gathered[key], seq.prefix_len))
-                self.stats.hits += 1
-                self.stats.tokens_reused += seq.prefix_len
+            keys = page_keys(seq.input_ids[: seq.prefix_len], self.page_tokens)
+            found = 0  # pages cached, from the first
+            while found < len(keys) and self._has(*keys[found]):
+                found += 1
+            cached_slots = [slot for digest, _ in keys[:found]
+                            for slot in self.pages[digest].slots]
+            used.update(digest for digest, _ in keys[:found])
+            new_slots = self._allocate(keys[found:], used)
+            self._count(seq.prefix_len, len(cached_slots), new_slots is not None)
+            if new_slots is not None:
+                inserts.append((len(plan.sequences), new_slots))
+                plan.inserted.extend(digest for digest, _ in keys[found:])
+            for digest, _ in reversed(keys[:found] if new_slots is None else keys):
+                self.pages.move_to_end(digest)  # first pages most recent: evicted last
+            if not found:
+                plan.sequences.append(seq)
+                plan.cached_queries.append(None)
                 continue
-            slots = self._allocate(seq.prefix_len, used)
-            if slots is None:
-                self.stats.bypasses += 1
-            else:
-                self.entries[key] = slots
-                plan.inserted.append(key)
-                used.add(key)
-                inserts.append((len(forms), slots))
-                self.stats.misses += 1
-            forms.append(seq)
-            cached.append(None)
+            deepest = keys[found - 1][0]
+            if deepest not in gathered:
+                gathered[deepest] = len(plan.gather_slots)
+                plan.gather_slots.extend(cached_slots)
+            plan.sequences.append(cached_form(seq, len(cached_slots)))
+            plan.cached_queries.append((gathered[deepest], len(cached_slots)))
         starts = [0]
-        for seq in forms:
+        for seq in plan.sequences:
             starts.append(starts[-1] + seq.num_tokens)
-        for index, slots in inserts:
+        for index, slots in inserts:  # the query rows a sequence computes come first
             plan.insert_rows.extend(range(starts[index], starts[index] + len(slots)))
             plan.insert_slots.extend(slots)
-        self.stats.cached_tokens = len(self.k[0]) - len(self.free)
+        self.stats.cached_tokens = self.capacity - len(self.free)
         return plan
 
-    def forget(self, plan: CachePlan) -> None:
-        """Drop the entries `plan` was to fill: its batch failed before computing them."""
-        for key in plan.inserted:
-            slots = self.entries.pop(key, None)
-            if slots is not None:
-                self.free.extend(slots)
-        self.stats.cached_tokens = len(self.k[0]) - len(self.free)
+    def _has(self, digest: bytes, ids: bytes) -> bool:
+        page = self.pages.get(digest)
+        return page is not None and page.ids == ids
 
-    def _allocate(self, tokens: int, used: set[bytes]) -> list[int] | None:
-        """`tokens` free slots, evicting least-recently used entries the batch does not use."""
-        if tokens > len(self.k[0]):
+    def _count(self, query: int, cached: int, kept: bool) -> None:
+        if cached == query:
+            self.stats.hits += 1
+        elif not kept:
+            self.stats.bypasses += 1
+        elif cached:
+            self.stats.partial_hits += 1
+        else:
+            self.stats.misses += 1
+        self.stats.tokens_reused += cached
+
+    def forget(self, plan: CachePlan) -> None:
+        """Drop the pages `plan` was to fill: its batch failed before computing them."""
+        for digest in plan.inserted:
+            page = self.pages.pop(digest, None)
+            if page is not None:
+                self.free.extend(page.slots)
+        self.stats.cached_tokens = self.capacity - len(self.free)
+
+    def _allocate(self, keys: list[tuple[bytes, bytes]],
+                  used: set[bytes]) -> list[int] | None:
+        """Slots for the pages `keys` (all or none, in order), evicting least-recently used
+        pages this batch does not use; the pages are in the index when it returns."""
+        tokens = sum(len(ids) // 4 for _, ids in keys)
+        if tokens > self.capacity:
             return None
         while len(self.free) < tokens:
-            # The least recently used entry this batch does not use: at or near the front, so
-            # a miss in a pool of thousands of entries costs no scan of them all.
-            key = next((k for k in self.entries if k not in used), None)
-            if key is None:
+            # The least recently used page this batch does not use: at or near the front, so
+            # a miss in a pool of thousands of pages costs no scan of them all.
+            digest = next((d for d in self.pages if d not in used), None)
+            if digest is None:
                 return None
-            self.free.extend(self.entries.pop(key))
+            self.free.extend(self.pages.pop(digest).slots)
             self.stats.evictions += 1
         slots = self.free[len(self.free) - tokens:]
         del self.free[len(self.free) - tokens:]
+        at = 0
+        for digest, ids in keys:
+            n = len(ids) // 4
+            self.pages[digest] = _Page(ids, slots[at:at + n])
+            used.add(digest)
+            at += n
         return slots
 
 

@@ -68,7 +68,7 @@ def config(cache_tokens: int, scorers: int = 1, router: str | None = None) -> di
 
 
 def lookups(svc: Service) -> dict[str, float]:
-    found = {"hit": 0.0, "miss": 0.0, "bypass": 0.0}
+    found = {"hit": 0.0, "partial": 0.0, "miss": 0.0, "bypass": 0.0}
     for name, labels, value in scrape(svc.metrics_url()):
         if name == "ray_ranker_prefix_cache_lookups_total":
             found[labels["result"]] += value
@@ -193,7 +193,7 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                      "on_over_off": round(seconds["off"] / seconds["on"], 3),
                      "hit_rate": round((stats.hits - before.hits) / max(
                          1, sum(getattr(stats, k) - getattr(before, k)
-                                for k in ("hits", "misses", "bypasses"))), 4),
+                                for k in ("hits", "partial_hits", "misses", "bypasses"))), 4),
                      "max_abs_logprob_diff_on_vs_off": diff})
         r = rows[-1]
         print(f"{name:8s} engine: off {r['items_per_s_off']} items/s, on {r['items_per_s_on']} "

@@ -70,6 +70,9 @@ class EngineConfig(_Settings):
         "'Prefix cache'")
     prefix_cache_min_tokens: int = Field(
         64, gt=0, description="queries shorter than this are never cached (too little to save)")
+    prefix_cache_page_tokens: int = Field(
+        16, gt=0, description="queries are cached in pages of this many tokens: a query that "
+        "starts like a cached one reuses the pages they share")
     cuda_graph_buckets: tuple[int, ...] = Field(
         (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096),
         description="batch token sizes captured; larger batches run eagerly")

@@ -86,35 +86,34 @@ def test_layout_of_a_batch_past_the_first_row_table_counts_every_row():
     assert item_b == list(range(30_000, 30_005)) + list(range(50_007, 70_008))
 
 
-def test_a_prefix_cache_hit_sees_the_cached_query_and_its_own_item_so_far_in_both_backends():
-    """A hit (gpu_worker/prefix_cache.py) runs its item blocks only; its query K/V are rows
-    appended after the batch's own. Each of its item rows must see exactly what the same row
-    sees in the whole sequence: the query, then its own item so far."""
+def test_rows_with_a_cached_query_prefix_see_what_they_see_in_the_whole_sequence():
+    """A sequence whose first C query rows come from the prefix cache (gpu_worker/prefix_cache.py:
+    all of the query, or its first pages) runs without them; their K/V are rows appended after
+    the batch's own. Each row it computes must see exactly what the same row sees in the whole
+    sequence, in both backends."""
     from gpu_worker.attention_torch import cached_query_mask
-    from gpu_worker.prefix_cache import hit_form
+    from gpu_worker.prefix_cache import cached_form
 
     rng = random.Random(1)
-    for _ in range(100):
+    for _ in range(200):
         plain = pack_plain([1] * rng.randint(1, 4), 0)
-        whole = pack_multi_item([1] * rng.randint(1, 6),
+        whole = pack_multi_item([1] * rng.randint(1, 9),
                                 [[2] * rng.randint(1, 5) for _ in range(rng.randint(1, 4))], D)
-        hit = hit_form(whole)
-        cache_start = rng.randint(0, 3)  # where its query sits among the appended rows
-        total = plain.num_tokens + hit.num_tokens
+        cut = rng.randint(1, whole.prefix_len)  # cached query rows: a prefix, or all of them
+        part = cached_form(whole, cut)
+        cache_start = rng.randint(0, 3)  # where they sit among the appended rows
+        total = plain.num_tokens + part.num_tokens
         by_layout = visible_by_layout(
-            *paged_layout([plain, hit], [None, (cache_start, whole.prefix_len)]), total)
-        cut = whole.prefix_len + 1  # the hit's row r is the whole sequence's row cut + r
+            *paged_layout([plain, part], [None, (cache_start, cut)]), total)
         whole_mask = multi_item_mask(whole)
-        hit_mask = cached_query_mask(hit, whole.prefix_len)  # columns: query, then hit rows
-        for r in range(hit.num_tokens):
-            if r + cut + 1 in whole.block_ends:
-                continue  # a delimiter row: nothing reads it
-            query = {c for c in range(whole.prefix_len) if whole_mask[r + cut, c]}
-            own = {c - cut for c in range(cut, whole.num_tokens) if whole_mask[r + cut, c]}
-            assert query == set(range(whole.prefix_len))
-            expected = ({total + cache_start + c for c in query}
-                        | {plain.num_tokens + c for c in own})
-            assert by_layout[plain.num_tokens + r] == expected
-            p = whole.prefix_len
-            assert {c for c in range(p) if hit_mask[r, c]} == query
-            assert {c - p for c in range(p, hit_mask.shape[1]) if hit_mask[r, c]} == own
+        part_mask = cached_query_mask(part, cut)  # columns: the cached rows, then part's rows
+        for r in range(part.num_tokens):
+            row = r + cut  # the same row in the whole sequence
+            if row + 1 in whole.block_ends[1:]:
+                continue  # an item's closing delimiter: nothing reads it
+            cached = {c for c in range(cut) if whole_mask[row, c]}
+            own = {c - cut for c in range(cut, whole.num_tokens) if whole_mask[row, c]}
+            assert by_layout[plain.num_tokens + r] == (
+                {total + cache_start + c for c in cached} | {plain.num_tokens + c for c in own})
+            assert {c for c in range(cut) if part_mask[r, c]} == cached
+            assert {c - cut for c in range(cut, part_mask.shape[1]) if part_mask[r, c]} == own

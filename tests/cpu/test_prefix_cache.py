@@ -1,7 +1,7 @@
-"""The query-prefix K/V cache (gpu_worker/prefix_cache.py) on CPU: a hit scores what a miss does,
-a batch both fills and reads an entry, eviction under a tiny pool never fails or corrupts a
-request, and the counters say what happened. The reference is the same checkpoint's engine
-without a cache (itself checked against HF in test_engine_parity.py).
+"""The query-prefix K/V cache (gpu_worker/prefix_cache.py) on CPU: a hit and a partial hit score
+what a miss does, a batch both fills and reads pages, eviction under a tiny pool never fails or
+corrupts a request, and the counters say what happened. The reference is the same checkpoint's
+engine without a cache (itself checked against HF in test_engine_parity.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ LABELS = [3, 17, 100]
 # on fewer rows (other matmul blockings), in fp32.
 TOL = 1e-5
 MIN_TOKENS = 8
+PAGE = 16
 
 
 def toks(rng: random.Random, n: int) -> list[int]:
@@ -35,7 +36,8 @@ def engines(request, tiny_checkpoint):
 
     def cached(capacity: int) -> Engine:
         return Engine.from_config(path, EngineConfig(prefix_cache_tokens=capacity,
-                                                     prefix_cache_min_tokens=MIN_TOKENS))
+                                                     prefix_cache_min_tokens=MIN_TOKENS,
+                                                     prefix_cache_page_tokens=PAGE))
     return cached, Engine.from_config(path, EngineConfig())
 
 
@@ -75,7 +77,7 @@ def test_one_batch_fills_and_reads_an_entry_among_other_sequences(engines):
     assert_same(score(engine, batch), score(reference, batch), "batch")
     stats = engine.prefix_cache.stats
     # The plain sequence and the 4-token query are below MIN_TOKENS: neither looked up.
-    assert (stats.misses, stats.hits, stats.bypasses) == (1, 2, 0)
+    assert (stats.misses, stats.hits, stats.partial_hits, stats.bypasses) == (1, 2, 0, 0)
 
 
 def test_an_empty_item_is_scored_without_the_cache(engines):
@@ -91,7 +93,7 @@ def test_an_empty_item_is_scored_without_the_cache(engines):
 
 def test_eviction_in_a_tiny_pool_never_fails_or_corrupts(engines):
     make, reference = engines
-    engine = make(100)  # two 40-token queries at most
+    engine = make(100)  # two 40-token queries (pages of 16, 16 and 8 tokens) at most
     rng = random.Random(4)
     queries = [toks(rng, 40) for _ in range(5)] + [toks(rng, 120)]  # the last never fits
     looked_up = 0
@@ -101,7 +103,7 @@ def test_eviction_in_a_tiny_pool_never_fails_or_corrupts(engines):
         looked_up += len(batch)
     stats = engine.prefix_cache.stats
     assert stats.evictions > 0 and stats.hits > 0 and stats.bypasses > 0
-    assert stats.hits + stats.misses + stats.bypasses == looked_up
+    assert stats.hits + stats.partial_hits + stats.misses + stats.bypasses == looked_up
     assert stats.cached_tokens <= 100
 
 
@@ -116,9 +118,14 @@ def test_a_batch_never_evicts_what_it_reads(engines):
     assert_same(score(engine, batch), score(reference, batch), "full pool")
     stats = engine.prefix_cache.stats
     assert (stats.hits, stats.misses, stats.bypasses, stats.evictions) == (1, 2, 2, 0)
-    # The next batch may evict: c now fits in place of the least recently used entry.
+    # The next batch may evict: c's three pages (40 tokens) need two of a's (a is the least
+    # recently used query), its last two pages first.
     score(engine, [request(rng, c)])
-    assert (stats.misses, stats.evictions) == (3, 1)
+    assert (stats.misses, stats.evictions) == (3, 2)
+    # a's first page is left: a partial hit of 16 tokens, scored as a miss would be.
+    again = request(rng, a)
+    assert_same(score(engine, [again]), score(reference, [again]), "a again")
+    assert (stats.partial_hits, stats.tokens_reused) == (1, 40 + 16)
 
 
 def test_a_failed_batch_leaves_no_entry_behind(engines, monkeypatch):
@@ -136,7 +143,47 @@ def test_a_failed_batch_leaves_no_entry_behind(engines, monkeypatch):
         with pytest.raises(RuntimeError, match="simulated"):
             score(engine, [first])
     stats = engine.prefix_cache.stats
-    assert stats.cached_tokens == 0 and not engine.prefix_cache.entries
+    assert stats.cached_tokens == 0 and not engine.prefix_cache.pages
     again = request(rng, query)  # computed anew, not read from slots nobody filled
     assert_same(score(engine, [again]), score(reference, [again]), "after a failure")
     assert (stats.misses, stats.hits) == (2, 0)
+
+
+def test_queries_that_start_alike_share_their_first_pages(engines):
+    make, reference = engines
+    engine = make(4096)
+    rng = random.Random(7)
+    history = toks(rng, 40)
+    grown = history + toks(rng, 25)  # the same history with newer events appended
+    other = history[:PAGE + 3] + toks(rng, 30)  # shares one whole page only
+    for query, cached in ((history, 0), (grown, 2 * PAGE), (other, PAGE), (grown, 65)):
+        seq = request(rng, query)
+        before = engine.prefix_cache.stats.tokens_reused
+        assert_same(score(engine, [seq]), score(reference, [seq]), f"{cached} cached")
+        assert engine.prefix_cache.stats.tokens_reused - before == cached
+    stats = engine.prefix_cache.stats
+    assert (stats.misses, stats.partial_hits, stats.hits) == (1, 2, 1)
+
+
+def test_different_rerank_queries_share_the_template_prefix(engines, default_model_path):
+    """The rerank template's fixed text before the query (system prompt and instruction) is the
+    same for every request: its whole pages hit across queries."""
+    from ranker_contract.config import YES_NO_PROMPT
+    from serve_app.rerank import RerankPrompter
+    from serve_app.tokenizer import TextTokenizer
+
+    make, reference = engines
+    engine = make(4096)
+    prompter = RerankPrompter(YES_NO_PROMPT, TextTokenizer(default_model_path))
+    rng = random.Random(8)
+    queries = []
+    for text in ("capital of France", "how do vaccines work"):
+        prefix, _ = prompter.render_prefix(text, YES_NO_PROMPT.default_instruction)
+        ids = prompter.tokenizer.encode_query(prefix)  # what the rerank route sends as query
+        queries.append([t % 512 for t in ids])  # into the tiny model's vocabulary
+    fixed = next(i for i, (a, b) in enumerate(zip(*queries)) if a != b)
+    assert fixed >= PAGE  # the template's text before the query spans whole pages
+    for query in queries:
+        seq = request(rng, query)
+        assert_same(score(engine, [seq]), score(reference, [seq]), "rerank query")
+    assert engine.prefix_cache.stats.tokens_reused == fixed // PAGE * PAGE

@@ -81,7 +81,7 @@ def test_repeats_of_a_query_hit_one_replica_and_survive_its_loss(small_model):
         # Affinity: each query computed once, on one replica, and hit there afterwards (Serve's
         # default routing would compute most queries on both: about 11 misses of 6 queries).
         assert {k: after[k] - before[k] for k in after} == {
-            "miss": QUERIES, "hit": QUERIES * (REPEATS - 1), "bypass": 0}
+            "miss": QUERIES, "hit": QUERIES * (REPEATS - 1), "partial": 0, "bypass": 0}
 
         victim = svc.replica_processes("ScoreWorker")[0]
         victim.kill()

@@ -183,6 +183,9 @@ class PrefixCache:
                   used: set[bytes]) -> list[int] | None:
         """Slots for the pages `keys` (all or none, in order), evicting least-recently used
         pages this batch does not use; the pages are in the index when it returns."""
+        for digest, _ in keys:  # a page left without its first ones is never read: replace it
+            if digest in self.pages and digest not in used:
+                self.free.extend(self.pages.pop(digest).slots)
         tokens = sum(len(ids) // 4 for _, ids in keys)
         if tokens > self.capacity:
             return None

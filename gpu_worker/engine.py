@@ -157,21 +157,24 @@ class Engine:
         `overlapped`: another batch is still running on the device, so these ~300 eager launches
         hide behind it; a CUDA graph pays only when they would not (its fixed tiles and padding
         cost more GPU time than the eager kernels; docs/ARCHITECTURE.md, "CUDA graphs").
-        `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache."""
+        `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache.
+        A batch that replays a graph leaves the prefix cache alone: an idle request is as fast
+        as without it (docs/ARCHITECTURE.md, "Prefix cache")."""
+        items_and_labels = [(s.num_items, len(ids))
+                            for s, ids in zip(sequences, label_ids_per_sequence)]
+        graph = (not overlapped and self.graphs and self.graphs.pick(
+            sequences, sum(n for n, _ in items_and_labels),
+            sum(n * labels for n, labels in items_and_labels)))
+        if graph:
+            out, keep = self.graphs.launch(graph, sequences, *_host_metadata(
+                sequences, label_ids_per_sequence))
+            return self._read_back(out, keep, items_and_labels)
         cache = (self.prefix_cache.plan(sequences) if self.prefix_cache and use_cache
                  else None)
         if cache is not None:
-            sequences = cache.sequences  # hits without their query rows
+            sequences = cache.sequences  # without their cached query rows
         input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(
             sequences, label_ids_per_sequence)
-        items_and_labels = [(s.num_items, len(ids))
-                            for s, ids in zip(sequences, label_ids_per_sequence)]
-        graph = (not overlapped and self.graphs and not (cache and cache.active)
-                 and self.graphs.pick(sequences, len(score_rows), len(label_ids)))
-        if graph:
-            out, keep = self.graphs.launch(graph, sequences, input_ids, positions, score_rows,
-                                           label_rows, label_ids)
-            return self._read_back(out, keep, items_and_labels)
         on_cuda = self.device.type == "cuda"
         # [T], [T], [R], [N], [N], then the cache's rows and slots (empty without a cache)
         lists = (input_ids, positions, score_rows, label_rows, label_ids,

@@ -1,14 +1,22 @@
 """The prefix cache with FlashInfer (bf16, CUDA ops): a hit scores what the same request scores
-without a cache, eagerly and on an engine with CUDA graphs (where a batch that uses the cache runs
-eagerly and others replay), in one batch with its own miss, through the overlapped scheduling
-loop, with no host sync on the launch path, and under eviction."""
+without a cache, eagerly and on an engine with CUDA graphs (where an idle batch that fits a graph
+replays it without the cache, and batches under load use the cache eagerly), in one batch with
+its own miss, through the overlapped scheduling loop, with no host sync on the launch path, and
+under eviction."""
 
+import dataclasses
 import random
 
 from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_request
-from tests.gpu.conftest import launch_checking_no_host_sync, run_batch, scheduled, worst_difference
+from tests.gpu.conftest import (
+    LABELS,
+    launch_checking_no_host_sync,
+    run_batch,
+    scheduled,
+    worst_difference,
+)
 
 VOCAB = 151643
 # A hit computes its items in other batch shapes than the miss did (other GEMM tiles, other
@@ -39,6 +47,11 @@ def within(got, want, what):
     assert lp <= BOUNDS[0] and p <= BOUNDS[1], what
 
 
+def under_load(engine, sequences):
+    """Launched as the scheduler does while another batch runs (overlapped: never a graph)."""
+    return engine.finish(engine.launch(sequences, [LABELS] * len(sequences), overlapped=True))
+
+
 def test_hits_score_what_no_cache_scores_eager_and_with_graphs(fast_engine):
     rng = random.Random(0)
     for graphs in (False, True):
@@ -48,16 +61,16 @@ def test_hits_score_what_no_cache_scores_eager_and_with_graphs(fast_engine):
             shared = query(rng, q)
             miss, hit = request(rng, shared, items, item_len), request(rng, shared, items,
                                                                         item_len)
-            within(run_batch(engine, miss), run_batch(fast_engine, miss), f"{name} miss")
+            within(under_load(engine, miss), run_batch(fast_engine, miss), f"{name} miss")
             before = engine.prefix_cache.stats.hits
-            within(run_batch(engine, hit), run_batch(fast_engine, hit),
+            within(under_load(engine, hit), run_batch(fast_engine, hit),
                    f"{name} hit, graphs {graphs}")
             assert engine.prefix_cache.stats.hits == before + len(hit)
-        # A small batch that does not touch the cache still replays its graph.
-        short = request(rng, query(rng, 20), 4, 30)
-        if graphs:
-            assert engine.graphs.pick(short, 4, 8) is not None
-        within(run_batch(engine, short), run_batch(fast_engine, short), "short, no cache")
+            if graphs:  # idle: the batch replays its graph and leaves the cache alone
+                looked_up = dataclasses.astuple(engine.prefix_cache.stats)
+                assert engine.graphs.pick(hit, items, 2 * items) is not None
+                within(run_batch(engine, hit), run_batch(fast_engine, hit), f"{name} idle")
+                assert dataclasses.astuple(engine.prefix_cache.stats) == looked_up
 
 
 def test_one_batch_fills_and_reads_an_entry_and_splits_share_it(fast_engine):

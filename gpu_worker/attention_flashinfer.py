@@ -5,7 +5,7 @@ becomes one request of BatchPrefillWithPagedKVCacheWrapper over the batch's own 
 pages of one token: its query rows are the block's rows, and its K/V page list is the sequence's
 query rows (for every block after the first) followed by the block's own rows. With the causal
 mask aligned to the end of that list, an item row sees the query and its own item so far, and
-the kernel computes no tile outside it. The K/V of a cached query (a prefix-cache hit) are
+the kernel computes no tile outside it. The K/V of query rows kept in the prefix cache are
 pages appended after the batch's own rows (docs/ARCHITECTURE.md, "Prefix cache").
 
 This layout, not FlashInfer's own multi-item mask (one request per packed sequence with a

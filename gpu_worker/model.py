@@ -32,8 +32,8 @@ class AttentionBackend(Protocol):
              cached_queries: list[tuple[int, int] | None] | None = None
              ) -> tuple[torch.Tensor, ...]:
         """Prepare the batch; returns tensors that must stay alive until it finished.
-        `cached_queries[i]` = (start, length): sequence i is a prefix-cache hit whose query K/V
-        are k/v rows T + start .. (gpu_worker/prefix_cache.py)."""
+        `cached_queries[i]` = (start, length): the K/V of sequence i's first `length` query
+        rows, which it does not compute, are k/v rows T + start .. (gpu_worker/prefix_cache.py)."""
         ...
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -170,17 +170,13 @@ def cacheable_query(seq: PackedSequence, min_tokens: int) -> bool:
             and min(seq.score_rows) > seq.prefix_len)
 
 
-def query_bytes(seq: PackedSequence) -> bytes:
-    """The query's token ids as bytes: what a scorer's prefix cache is keyed on (exact)."""
-    return array.array("i", seq.input_ids[: seq.prefix_len]).tobytes()
-
-
 def prefix_key(sequences: list[PackedSequence], min_tokens: int) -> str | None:
     """The routing key of a request whose query a scorer would cache: a digest of the query's
     ids, the same in every ingress process (Python's hash() is salted per process)."""
     if not sequences or not cacheable_query(sequences[0], min_tokens):
         return None
-    return hashlib.blake2b(query_bytes(sequences[0]), digest_size=8).hexdigest()
+    query = sequences[0].input_ids[: sequences[0].prefix_len]
+    return hashlib.blake2b(array.array("i", query).tobytes(), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,7 @@ async def fixed_rate(svc: Service, workload: Workload, rate: float, seconds: flo
 
 
 def run_cache(args: argparse.Namespace, command: str) -> list[dict]:
-    rows = []
+    rows, gpu = [], gpu_name()
     for name in args.workloads.split(","):
         workload = Workload(**PRESETS[name], text=args.text)
         for cache in (False, True):
@@ -108,7 +108,7 @@ def run_cache(args: argparse.Namespace, command: str) -> list[dict]:
                 rate = hit_rate(before, lookups(svc)) if cache else None
             finally:
                 stop_service(svc)
-            rows.append({"gpu": gpu_name(), "commit": args.commit, "command": command,
+            rows.append({"gpu": gpu, "commit": args.commit, "command": command,
                          "workload": name, "text": args.text, "describe": workload.describe(),
                          "cache": cache, "cache_tokens": args.cache_tokens if cache else 0,
                          "items_per_s_at_p99_500ms": best and best["achieved_items_per_s"],
@@ -159,6 +159,7 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
     off = Engine.from_config(app.resolved_model_path(), app.engine)
     on = Engine(off.model, off.device, app.engine.model_copy(
         update={"prefix_cache_tokens": args.cache_tokens}))
+    device = torch.cuda.get_device_name() if off.device.type == "cuda" else "cpu"
     rows = []
     for name in args.workloads.split(","):
         workload = Workload(**PRESETS[name], vocab=off.vocab_size, labels=(1, 2))
@@ -184,7 +185,7 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                                for r1, r2 in zip(s1, s2) for a, b in zip(r1, r2)))
         stats = on.prefix_cache.stats
         items = args.requests * workload.items
-        rows.append({"device": gpu_name() if off.device.type == "cuda" else "cpu",
+        rows.append({"device": device,
                      "commit": args.commit, "command": command, "config": args.config,
                      "model": str(app.model_path), "dtype": app.engine.dtype, "workload": name,
                      "describe": workload.describe(), "requests": args.requests,

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 
 from ranker_contract.config import Limits, RerankPrompt
+from serve_app.classifier import sigmoid
 from serve_app.protocol import ApiError, RerankDocument, RerankRequest, RerankResult
 from serve_app.tokenizer import TextTokenizer
 from serve_app.validate import check_text
@@ -121,7 +122,7 @@ def _single_token(tokenizer: TextTokenizer, label: str, name: str) -> int:
 def relevance(yes_no_logprobs: list[float]) -> float:
     """P(yes) / (P(yes) + P(no)) from the two label log-probs, computed stably."""
     yes, no = yes_no_logprobs
-    return 1.0 / (1.0 + math.exp(no - yes))
+    return sigmoid(yes - no)
 
 
 def build_response(req: RerankInput, scores: list[float], prompt_tokens: int, truncated: int,

@@ -70,7 +70,7 @@ TINY_CLASSIFIERS = {
 }
 
 
-def _randomize(model: torch.nn.Module) -> None:
+def randomize_weights(model: torch.nn.Module, std: float = 0.15) -> None:
     """Seeded weights large enough that log-probs spread out (a near-uniform head would hide
     errors) and biases clearly non-zero (HF zero-initialises them)."""
     with torch.no_grad():
@@ -78,7 +78,7 @@ def _randomize(model: torch.nn.Module) -> None:
             if name.endswith("norm.weight"):
                 param.copy_(1.0 + 0.1 * torch.randn_like(param))
             else:
-                torch.nn.init.normal_(param, std=0.15)
+                torch.nn.init.normal_(param, std=std)
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +93,7 @@ def tiny_checkpoint(tmp_path_factory):
             config_cls, extra = TINY_FAMILIES[family]
             config = getattr(transformers, config_cls)(**_TINY_SHAPE, **extra)
             made[family] = save_random_model(tmp_path_factory.mktemp(f"tiny_{family}"), config,
-                                             seed=1234, dtype="float32", reinit=_randomize)
+                                             seed=1234, dtype="float32", reinit=randomize_weights)
         return made[family]
 
     return make
@@ -115,7 +115,7 @@ def tiny_classifier(tmp_path_factory):
             shape = dict(_TINY_SHAPE, vocab_size=vocab_size or _TINY_SHAPE["vocab_size"])
             config = getattr(transformers, config_cls)(**shape, **extra)
             made[key] = save_random_model(tmp_path_factory.mktemp(f"tiny_{name}"), config,
-                                          seed=4321, dtype="float32", reinit=_randomize,
+                                          seed=4321, dtype="float32", reinit=randomize_weights,
                                           tokenizer_files=tokenizer_files,
                                           sequence_classification=True)
         return made[key]

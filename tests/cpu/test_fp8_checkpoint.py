@@ -10,6 +10,7 @@ linear's input per token (W8A8 simulated in fp32), or not once `quantization_ena
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -25,6 +26,7 @@ from loadtest.random_model import save_random_model
 from ranker_contract.config import EngineConfig
 from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import pack_multi_item
+from tests.cpu.conftest import randomize_weights
 from tests.fp8_checkpoints import (
     rewrite_compressed_tensors_config,
     rewrite_fine_grained_config,
@@ -52,16 +54,6 @@ PACKED = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "self_attn.o_pro
 TOL = 1e-4  # fp32 engine vs fp32 HF on the same weights (tests/cpu/test_engine_parity.py)
 
 
-def _randomize(model: torch.nn.Module) -> None:
-    """Seeded weights that spread the log-probs; non-zero biases (HF zero-initialises them)."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
-            else:
-                torch.nn.init.normal_(param, std=0.08)
-
-
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     """family → a saved fp32 HF checkpoint of FP8_SHAPE."""
@@ -74,7 +66,8 @@ def source(tmp_path_factory):
             config_cls, extra = FAMILIES[family]
             config = getattr(transformers, config_cls)(**FP8_SHAPE, **extra)
             made[family] = save_random_model(tmp_path_factory.mktemp(f"src_{family}"), config,
-                                             seed=28, dtype="float32", reinit=_randomize)
+                                             seed=28, dtype="float32",
+                                             reinit=functools.partial(randomize_weights, std=0.08))
         return made[family]
 
     return make

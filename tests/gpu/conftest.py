@@ -15,7 +15,6 @@ import torch
 from loadtest import REPO_ROOT
 from loadtest.random_model import SHAPES
 
-QWEN3_PATH = REPO_ROOT / "models" / SHAPES["0.6b"].folder
 YES, NO = 9454, 2753  # "Yes", "No" in the Qwen3 vocabulary
 LABELS = [YES, NO]
 
@@ -88,14 +87,20 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
 
 
-@pytest.fixture(scope="session")
-def qwen3_path() -> Path:
-    if not (QWEN3_PATH / "config.json").is_file():
+def random_model_folder(shape: str) -> Path:
+    """models/<SHAPES[shape].folder>, made by scripts/make_random_model.py on first use."""
+    path = REPO_ROOT / "models" / SHAPES[shape].folder
+    if not (path / "config.json").is_file():
         # In its own process: what initialising it reserves on the GPU would stay in this one's
         # CUDA allocator and shrink the memory the engines here size their budget from.
         subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "make_random_model.py"),
-                        "--shape", "0.6b", "--out", str(QWEN3_PATH)], check=True)
-    return QWEN3_PATH
+                        "--shape", shape, "--out", str(path)], check=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen3_path() -> Path:
+    return random_model_folder("0.6b")
 
 
 @pytest.fixture(scope="session")

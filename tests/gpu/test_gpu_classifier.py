@@ -8,20 +8,15 @@ HF fp32's P(yes) / (P(yes) + P(no))."""
 
 import math
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from gpu_worker.engine import Engine
-from loadtest import REPO_ROOT
-from loadtest.random_model import SHAPES
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
-from tests.gpu.conftest import LABELS, run_batch, softmax
+from tests.gpu.conftest import LABELS, random_model_folder, run_batch, softmax
 
-CLS_PATH = REPO_ROOT / "models" / SHAPES["0.6b-cls"].folder
 CLASSES = [0]
 FAST = dict(device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda")
 
@@ -38,11 +33,7 @@ def _request(rng: random.Random, query_len=120, item_lens=(180, 1, 0, 57, 180, 3
 
 @pytest.fixture(scope="module")
 def cls_path():
-    if not (CLS_PATH / "config.json").is_file():
-        # In its own process, as tests/gpu/conftest.py::qwen3_path does (GPU memory stays there).
-        subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "make_random_model.py"),
-                        "--shape", "0.6b-cls", "--out", str(CLS_PATH)], check=True)
-    return CLS_PATH
+    return random_model_folder("0.6b-cls")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 Usage:
   python -m loadtest.bench_prefix cache [--workloads profile,pages,standard] [--text natural]
   python -m loadtest.bench_prefix routing [--rate 60] [--seconds 20]
-  python -m loadtest.bench_prefix engine [--config score.yaml] [--requests 24]
+  python -m loadtest.bench_prefix engine [--config score.yaml] [--requests 24] [--batch 1]
 
 `cache`: for each workload of loadtest/workload.py's PRESETS, one `serve run` of
 configs/score-gpu.yaml with the cache off and one with it on (--cache-tokens), each swept with
@@ -13,8 +13,10 @@ items/s and the hit rate the scorer's metrics counted (appends to prefix.json).
 fixed rate: the hit rate with the prefix-affinity router, with Serve's default router
 (power of two choices), and with one replica (writes routing.json).
 `engine`: no HTTP, any device: the engine of --config with the cache off and on (one model),
-each request of the workload launched alone, off and on interleaved request by request; records
-items/s of each, their ratio, and the largest score difference between them (prefix_engine.json).
+--batch requests per launch, off and on interleaved batch by batch; records items/s of each,
+their ratio, and the largest score difference between them (prefix_engine.json). With --batch
+above 1 every batch launches as the overlapped loop's would (eagerly): an idle batch that fits
+a CUDA graph replays it and leaves the cache alone.
 Results in --out-dir (default docs/results/prefix_h100/); prints one line per run.
 """
 
@@ -168,18 +170,23 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
         requests = [pack_request(*factory.token_ids(), item_first=False, delimiter_id=0,
                                  max_seq_tokens=app.limits.max_seq_tokens, max_context=1 << 20)
                     for _ in range(warm + args.requests)]
+        batches = [sum(requests[i:i + args.batch], [])
+                   for i in range(warm, len(requests), args.batch)]
+        overlapped = args.batch > 1
         for sequences in requests[:warm]:
             for engine in (off, on):
-                engine.finish(engine.launch(sequences, [[1, 2]] * len(sequences)))
+                engine.finish(engine.launch(sequences, [[1, 2]] * len(sequences),
+                                            overlapped=overlapped))
         seconds, diff = {"off": 0.0, "on": 0.0}, 0.0
         before = dataclasses.replace(on.prefix_cache.stats)
-        for sequences in requests[warm:]:
+        for sequences in batches:
             got = {}
             for mode, engine in (("off", off), ("on", on)):
                 if off.device.type == "cuda":
                     torch.cuda.synchronize()
                 started = time.perf_counter()
-                got[mode] = engine.finish(engine.launch(sequences, [[1, 2]] * len(sequences)))
+                got[mode] = engine.finish(engine.launch(sequences, [[1, 2]] * len(sequences),
+                                                        overlapped=overlapped))
                 seconds[mode] += time.perf_counter() - started
             diff = max(diff, *(abs(a - b) for s1, s2 in zip(got["off"], got["on"])
                                for r1, r2 in zip(s1, s2) for a, b in zip(r1, r2)))
@@ -189,6 +196,7 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                      "commit": args.commit, "command": command, "config": args.config,
                      "model": str(app.model_path), "dtype": app.engine.dtype, "workload": name,
                      "describe": workload.describe(), "requests": args.requests,
+                     "batch": args.batch,
                      "items_per_s_off": round(items / seconds["off"], 2),
                      "items_per_s_on": round(items / seconds["on"], 2),
                      "on_over_off": round(seconds["off"] / seconds["on"], 3),
@@ -208,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("mode", choices=("cache", "routing", "engine"))
     p.add_argument("--config", default="score.yaml", help="engine: configs/NAME")
     p.add_argument("--requests", type=int, default=24, help="engine: requests per workload")
+    p.add_argument("--batch", type=int, default=1, help="engine: requests per launch")
     p.add_argument("--workloads", default="profile,pages,standard")
     p.add_argument("--text", choices=("natural",), help="send text (default: token ids)")
     p.add_argument("--cache-tokens", type=int, default=131072,

@@ -156,7 +156,7 @@ def attention_seconds(engine, sequences):
     q = torch.randn(t, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(t, cfg.num_key_value_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    return time_cuda(lambda: attn(q, k, v))
+    return time_cuda(lambda: attn(q, k, v, layer=0))
 
 
 def bench_classifier(folder: Path, engine_cfg: EngineConfig, causal_cfg, sequences,

@@ -151,6 +151,15 @@ class Service(LocalServer):
         return found
 
 
+def serve_cli() -> list[str]:
+    """Serve's CLI of this Python: its `serve` script, or the same entry point through the
+    interpreter where packages sit on PYTHONPATH without their scripts (the GPU machine)."""
+    script = Path(sys.executable).parent / "serve"
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-c", "from ray.serve.scripts import cli; cli()"]
+
+
 def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Service:
     """`serve run` of `config` (its HTTP port replaced by a free one); healthy when returned."""
     model = Path(config["applications"][0]["args"].get("model_path", DEFAULT_MODEL))
@@ -166,7 +175,7 @@ def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Serv
     env.update(extra_env or {})
     with open(workdir / Service.LOG_FILE, "w") as log:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "serve"), "run", str(workdir / "score.yaml")],
+            [*serve_cli(), "run", str(workdir / "score.yaml")],
             cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
     service = Service(f"http://127.0.0.1:{port}", proc, workdir)

@@ -23,7 +23,7 @@ def _config(qk_norm: bool, heads=16, kv_heads=8, head_dim=128) -> ModelConfig:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_reference(qk_norm, dtype):
     cfg = _config(qk_norm)
-    attn = Attention(cfg).to(DEVICE)
+    attn = Attention(cfg, layer=0).to(DEVICE)
     if qk_norm:
         torch.nn.init.normal_(attn.q_norm.weight, 1.0, 0.2)
         torch.nn.init.normal_(attn.k_norm.weight, 1.0, 0.2)

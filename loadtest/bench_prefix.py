@@ -1,7 +1,8 @@
 """The prefix cache over HTTP (GPU): cache on vs off, and affinity vs Serve's default routing.
 
 Usage:
-  python -m loadtest.bench_prefix cache [--workloads profile,pages,standard] [--text natural]
+  python -m loadtest.bench_prefix cache [--workloads profile,pages,standard] [--caches off,on]
+                                       [--text natural]
   python -m loadtest.bench_prefix routing [--rate 60] [--seconds 20]
   python -m loadtest.bench_prefix engine [--config score.yaml] [--requests 24] [--batch 1]
 
@@ -100,7 +101,7 @@ def run_cache(args: argparse.Namespace, command: str) -> list[dict]:
     rows, gpu = [], gpu_name()
     for name in args.workloads.split(","):
         workload = Workload(**PRESETS[name], text=args.text)
-        for cache in (False, True):
+        for cache in (c == "on" for c in args.caches.split(",")):
             svc = start_service(config(args.cache_tokens if cache else 0))
             try:
                 before = lookups(svc)
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--text", choices=("natural",), help="send text (default: token ids)")
     p.add_argument("--cache-tokens", type=int, default=131072,
                    help="engine.prefix_cache_tokens when on (routing: split among replicas)")
+    p.add_argument("--caches", default="off,on", help="cache: which runs (off, on or both)")
     p.add_argument("--start-rate", type=float, default=40.0, help="sweep: first req/s")
     p.add_argument("--rate", type=float, default=60.0, help="routing: req/s")
     p.add_argument("--seconds", type=float, default=20.0, help="routing: measured seconds")

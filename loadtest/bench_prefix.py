@@ -102,7 +102,10 @@ def run_cache(args: argparse.Namespace, command: str) -> list[dict]:
     for name in args.workloads.split(","):
         workload = Workload(**PRESETS[name], text=args.text)
         for cache in (c == "on" for c in args.caches.split(",")):
+            started = time.monotonic()
             svc = start_service(config(args.cache_tokens if cache else 0))
+            print(f"{name:8s} cache {'on ' if cache else 'off'}: healthy after "
+                  f"{time.monotonic() - started:.0f} s", flush=True)
             try:
                 before = lookups(svc)
                 result = asyncio.run(sweep(svc, workload, args.start_rate))

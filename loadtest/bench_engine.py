@@ -160,9 +160,10 @@ def attention_seconds(engine, sequences):
 
 
 def bench_classifier(folder: Path, engine_cfg: EngineConfig, causal_cfg, sequences,
-                     bench) -> None:
+                     bench) -> Engine:
     """The classifier mode: the same sequences on a classifier of the causal model's shape,
-    every class of its head scored, the same engine settings and batch budget."""
+    every class of its head scored, the same engine settings and batch budget. Returns the
+    engine (see `graph_engines` in main)."""
     from ranker_contract.model_config import ModelConfig
 
     if not (folder / "config.json").is_file():
@@ -179,8 +180,7 @@ def bench_classifier(folder: Path, engine_cfg: EngineConfig, causal_cfg, sequenc
     engine = Engine.from_config(folder, engine_cfg)
     bench("classification head", engine, sequences, timing=True,
           labels=list(range(head_cfg.num_labels)))
-    del engine
-    torch.cuda.empty_cache()
+    return engine
 
 
 def main():
@@ -242,15 +242,17 @@ def main():
             bench(name, engine, multi)
             del engine
             torch.cuda.empty_cache()
+    # Engines with CUDA graphs stay alive to the end: one captured after another was freed in
+    # the same process faults in FlashInfer (docs/ARCHITECTURE.md, "CUDA graphs").
+    graph_engines = []
     if "classifier" in modes:
-        bench_classifier(args.classifier_model, app.engine, cfg, multi, bench)
+        graph_engines.append(bench_classifier(args.classifier_model, app.engine, cfg, multi,
+                                              bench))
     if "classifier_from_labels" in modes:  # the same folder, its label rows as the head
-        torch.cuda.empty_cache()
         yes, no = labels  # the workload's two label ids
         engine = Engine.from_config(args.model, app.engine, head_from_labels=(yes, no))
         bench("head from label rows", engine, multi, timing=True, labels=[0])
-        del engine
-        torch.cuda.empty_cache()
+        graph_engines.append(engine)
 
     tokens_per_request = multi[0].num_tokens
     rate, linear_flops_per_token_layer = matmul_rate(cfg, budget // 2)

@@ -89,8 +89,7 @@ class EngineConfig(_Settings):
         if self.cuda_graphs and self.attention != "flashinfer":
             raise ValueError("engine.cuda_graphs: true needs engine.attention 'flashinfer'")
         if self.precision == "fp8" and self.cuda_graphs:
-            # Capturing the FP8 forward once ended in an illegal memory access (not yet
-            # diagnosed; docs/ARCHITECTURE.md, "FP8"): FP8 runs eagerly until it is.
+            # Kept until a GPU test of FP8 graphs has run (docs/ARCHITECTURE.md, "FP8").
             raise ValueError("engine.precision: fp8 needs engine.cuda_graphs: false")
         if self.precision == "fp8" and (self.device != "cuda" or self.dtype != "bfloat16"):
             raise ValueError("engine.precision: fp8 needs engine.device 'cuda' and engine.dtype "

@@ -31,6 +31,13 @@ def _request(rng: random.Random, query_len=120, item_lens=(180, 1, 0, 57, 180, 3
     return query, [[rng.randrange(vocab) for _ in range(n)] for n in item_lens]
 
 
+def _hf_logits(hf, query, items):
+    """HF's fp32 logits for query + item alone, one tensor per item (its batch row)."""
+    with torch.inference_mode():
+        return [hf(torch.tensor([query + item], device="cuda")).logits[0].float()
+                for item in items]
+
+
 @pytest.fixture(scope="module")
 def cls_path():
     return random_model_folder("0.6b-cls")
@@ -48,14 +55,11 @@ def test_parity_with_hf_fp32(cls_engine, cls_path):
     hf = hf.cuda().eval()
     query, items = _request(random.Random(1))
     (ours,) = run_batch(cls_engine, [pack_multi_item(query, items, 0)], CLASSES)
-    worst_logit = worst_p = spread = 0.0
-    for item, row in zip(items, ours):
-        with torch.inference_mode():
-            ref = hf(torch.tensor([query + item], device="cuda")).logits[0].float().tolist()
-        worst_logit = max(worst_logit, abs(row[0] - ref[0]))
-        worst_p = max(worst_p, abs(_sigmoid(row[0]) - _sigmoid(ref[0])))
-        spread = max(spread, abs(ref[0]))
+    refs = [logits[0].item() for logits in _hf_logits(hf, query, items)]  # [classes] each
     del hf
+    worst_logit = max(abs(row[0] - ref) for row, ref in zip(ours, refs, strict=True))
+    worst_p = max(abs(_sigmoid(row[0]) - _sigmoid(ref)) for row, ref in zip(ours, refs))
+    spread = max(abs(ref) for ref in refs)
     torch.cuda.empty_cache()
     print(f"max |Δ logit| {worst_logit:.2e} (|logit| up to {spread:.2f}), "
           f"max |Δ sigmoid| {worst_p:.2e}")
@@ -104,14 +108,13 @@ def test_head_from_label_rows_gives_hfs_yes_no_relevance(qwen3_path, fast_engine
     (today,) = run_batch(fast_engine, seq)  # the LM head, log-probs of LABELS = (yes, no)
     del converted
     hf = AutoModelForCausalLM.from_pretrained(qwen3_path, dtype=torch.float32).cuda().eval()
-    worst_hf = worst_today = 0.0
-    for item, row, lm_row in zip(items, ours, today):
-        with torch.inference_mode():
-            logits = hf(torch.tensor([query + item], device="cuda")).logits[0, -1].float()
-        ref = softmax(torch.log_softmax(logits, -1)[LABELS].tolist())[0]
-        worst_hf = max(worst_hf, abs(_sigmoid(row[0]) - ref))
-        worst_today = max(worst_today, abs(_sigmoid(row[0]) - softmax(lm_row)[0]))
+    # P(yes) / (P(yes) + P(no)) at each item's last token ([tokens, vocab] logits each)
+    refs = [softmax(torch.log_softmax(logits[-1], -1)[LABELS].tolist())[0]
+            for logits in _hf_logits(hf, query, items)]
     del hf
+    worst_hf = max(abs(_sigmoid(row[0]) - ref) for row, ref in zip(ours, refs, strict=True))
+    worst_today = max(abs(_sigmoid(row[0]) - softmax(lm_row)[0])
+                      for row, lm_row in zip(ours, today, strict=True))
     torch.cuda.empty_cache()
     print(f"head from label rows: max |Δ relevance| vs HF fp32 {worst_hf:.2e}, "
           f"vs the LM-head path {worst_today:.2e}")

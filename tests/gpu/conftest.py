@@ -19,9 +19,11 @@ YES, NO = 9454, 2753  # "Yes", "No" in the Qwen3 vocabulary
 LABELS = [YES, NO]
 
 
-def run_batch(engine, sequences, labels=LABELS):
-    """One batch of `sequences` through Engine.launch + finish: per sequence, items × labels."""
-    return engine.finish(engine.launch(sequences, [labels] * len(sequences)))
+def run_batch(engine, sequences, labels=LABELS, overlapped=False):
+    """One batch of `sequences` through Engine.launch + finish: per sequence, items × labels.
+    `overlapped`: launched as while another batch runs (eagerly, never a CUDA graph)."""
+    return engine.finish(engine.launch(sequences, [labels] * len(sequences),
+                                       overlapped=overlapped))
 
 
 def launch_checking_no_host_sync(engine, sequences, labels=LABELS):

@@ -11,7 +11,6 @@ from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_request
 from tests.gpu.conftest import (
-    LABELS,
     launch_checking_no_host_sync,
     run_batch,
     scheduled,
@@ -49,7 +48,7 @@ def within(got, want, what):
 
 def under_load(engine, sequences):
     """Launched as the scheduler does while another batch runs (overlapped: never a graph)."""
-    return engine.finish(engine.launch(sequences, [LABELS] * len(sequences), overlapped=True))
+    return run_batch(engine, sequences, overlapped=True)
 
 
 def test_hits_score_what_no_cache_scores_eager_and_with_graphs(fast_engine):

@@ -53,17 +53,24 @@ from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 CONFIG = "score-gpu.yaml"
 # mode -> the engine settings it changes (the "engine" mode runs the shipped ones)
 ENGINE_ABLATIONS = {
-    # CUDA graphs cannot capture torch ops (EngineConfig refuses the pair): eager only
-    "torch_ops": ("torch element-wise ops", {"ops": "torch", "cuda_graphs": False}),
+    "torch_ops": ("torch element-wise ops", {"ops": "torch"}),
     "bf16_residual": ("bf16 residual stream", {"fp32_residual": False}),
     "fa3": ("fa3 attention", {"flashinfer_backend": "fa3"}),
     "unfused_gate_up": ("gate_up GEMM + silu_and_mul", {"fused_gate_up": False}),
-    # FP8 runs without graphs (EngineConfig refuses the pair; docs/ARCHITECTURE.md, "FP8")
-    "fp8": ("fp8 W8A8", {"precision": "fp8", "cuda_graphs": False}),
-    "fp8_bf16_o": ("fp8, o_proj in bf16", {"precision": "fp8", "cuda_graphs": False,
+    "fp8": ("fp8 W8A8", {"precision": "fp8"}),
+    "fp8_bf16_o": ("fp8, o_proj in bf16", {"precision": "fp8",
                                            "fp8_linears": ("qkv_proj", "gate_up_proj",
                                                            "down_proj")}),
 }
+
+
+def without_graphs(engine_cfg: EngineConfig, **update) -> EngineConfig:
+    """The settings of every engine the bench builds after the shipped one: `update` applied,
+    no CUDA graphs. Its batches are budget-sized and launched behind another (the last, small
+    one too), so a graph never replays here; and a graph engine captured after another was
+    freed in one process faults in FlashInfer (docs/ARCHITECTURE.md, "CUDA graphs").
+    Validated: model_copy(update=...) alone would skip EngineConfig's checks."""
+    return EngineConfig.model_validate(engine_cfg.model_dump() | update | {"cuda_graphs": False})
 
 
 class StepTimer:
@@ -160,10 +167,9 @@ def attention_seconds(engine, sequences):
 
 
 def bench_classifier(folder: Path, engine_cfg: EngineConfig, causal_cfg, sequences,
-                     bench) -> Engine:
+                     bench) -> None:
     """The classifier mode: the same sequences on a classifier of the causal model's shape,
-    every class of its head scored, the same engine settings and batch budget. Returns the
-    engine (see `graph_engines` in main)."""
+    every class of its head scored, the same engine settings and batch budget."""
     from ranker_contract.model_config import ModelConfig
 
     if not (folder / "config.json").is_file():
@@ -180,7 +186,8 @@ def bench_classifier(folder: Path, engine_cfg: EngineConfig, causal_cfg, sequenc
     engine = Engine.from_config(folder, engine_cfg)
     bench("classification head", engine, sequences, timing=True,
           labels=list(range(head_cfg.num_labels)))
-    return engine
+    del engine
+    torch.cuda.empty_cache()
 
 
 def main():
@@ -235,24 +242,21 @@ def main():
         bench("one sequence per item", fast, plain)
     for mode, (name, update) in ENGINE_ABLATIONS.items():
         if mode in modes:  # its own engine, built like the shipped one, freed after its run
-            # validated: model_copy(update=...) alone would skip EngineConfig's checks
-            ablation = EngineConfig.model_validate(app.engine.model_dump() | update)
             torch.cuda.empty_cache()  # room for a second copy of a large model
-            engine = Engine.from_config(args.model, ablation)
+            engine = Engine.from_config(args.model, without_graphs(app.engine, **update))
             bench(name, engine, multi)
             del engine
             torch.cuda.empty_cache()
-    # Engines with CUDA graphs stay alive to the end: one captured after another was freed in
-    # the same process faults in FlashInfer (docs/ARCHITECTURE.md, "CUDA graphs").
-    graph_engines = []
     if "classifier" in modes:
-        graph_engines.append(bench_classifier(args.classifier_model, app.engine, cfg, multi,
-                                              bench))
+        bench_classifier(args.classifier_model, without_graphs(app.engine), cfg, multi, bench)
     if "classifier_from_labels" in modes:  # the same folder, its label rows as the head
+        torch.cuda.empty_cache()
         yes, no = labels  # the workload's two label ids
-        engine = Engine.from_config(args.model, app.engine, head_from_labels=(yes, no))
+        engine = Engine.from_config(args.model, without_graphs(app.engine),
+                                    head_from_labels=(yes, no))
         bench("head from label rows", engine, multi, timing=True, labels=[0])
-        graph_engines.append(engine)
+        del engine
+        torch.cuda.empty_cache()
 
     tokens_per_request = multi[0].num_tokens
     rate, linear_flops_per_token_layer = matmul_rate(cfg, budget // 2)

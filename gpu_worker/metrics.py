@@ -26,13 +26,19 @@ STEP_BUCKETS_S = [0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1
 BATCH_ERROR_TYPES = ("OutOfMemoryError", "AcceleratorError", "RuntimeError", "other")
 
 
-CACHE_RESULTS = ("hit", "partial", "miss", "bypass")
+CACHE_RESULTS = tuple(PrefixCacheStats().lookups())  # the result labels of the lookups
 
 
 def declare_at_zero(counter: Counter, tags: dict[str, str] | None = None) -> None:
     """Create the series `tags` of `counter` at 0 (why this way: serve_app/metrics.py, a twin
     the scorer cannot import)."""
     counter._record(0, tags=tags)
+
+
+def add_growth(counter: Counter, now: int, seen: int, tags: dict[str, str] | None = None) -> None:
+    """Add to `counter` what a running total grew by since it was `seen`."""
+    if now > seen:
+        counter.inc(now - seen, tags=tags)
 
 
 def batch_error_type(name: str) -> str:
@@ -108,9 +114,8 @@ class WorkerMetrics:
             self.step_seconds.observe(record.seconds)
             self.items_scored.inc(record.items)
         dropped = self.scheduler.cancelled_dropped
-        if dropped > self._dropped_seen:
-            self.dropped.inc(dropped - self._dropped_seen)
-            self._dropped_seen = dropped
+        add_growth(self.dropped, dropped, self._dropped_seen)
+        self._dropped_seen = dropped
         if self.cache is not None:
             self._publish_cache()
         else:
@@ -118,14 +123,10 @@ class WorkerMetrics:
 
     def _publish_cache(self) -> None:
         now, seen = dataclasses.replace(self.cache), self._cache_seen  # a snapshot
-        for result, name in zip(CACHE_RESULTS, ("hits", "partial_hits", "misses", "bypasses"),
-                                strict=True):
-            if getattr(now, name) > getattr(seen, name):
-                self.cache_lookups.inc(getattr(now, name) - getattr(seen, name),
-                                       tags={"result": result})
-        if now.tokens_reused > seen.tokens_reused:
-            self.cache_tokens_reused.inc(now.tokens_reused - seen.tokens_reused)
-        if now.evictions > seen.evictions:
-            self.cache_evictions.inc(now.evictions - seen.evictions)
+        before = seen.lookups()
+        for result, count in now.lookups().items():
+            add_growth(self.cache_lookups, count, before[result], {"result": result})
+        add_growth(self.cache_tokens_reused, now.tokens_reused, seen.tokens_reused)
+        add_growth(self.cache_evictions, now.evictions, seen.evictions)
         self.cache_tokens.set(now.cached_tokens)
         self._cache_seen = now

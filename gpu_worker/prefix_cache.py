@@ -47,6 +47,11 @@ class PrefixCacheStats:
     evictions: int = 0  # pages
     cached_tokens: int = 0  # slots held now
 
+    def lookups(self) -> dict[str, int]:
+        """The lookups so far by result, named as the metrics label them."""
+        return {"hit": self.hits, "partial": self.partial_hits, "miss": self.misses,
+                "bypass": self.bypasses}
+
 
 @dataclass(slots=True)
 class CachePlan:

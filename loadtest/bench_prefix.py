@@ -194,7 +194,8 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                 seconds[mode] += time.perf_counter() - started
             diff = max(diff, *(abs(a - b) for s1, s2 in zip(got["off"], got["on"])
                                for r1, r2 in zip(s1, s2) for a, b in zip(r1, r2)))
-        stats = on.prefix_cache.stats
+        now, was = on.prefix_cache.stats.lookups(), before.lookups()
+        looked_up = sum(now.values()) - sum(was.values())
         items = args.requests * workload.items
         rows.append({"device": device,
                      "commit": args.commit, "command": command, "config": args.config,
@@ -204,9 +205,7 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                      "items_per_s_off": round(items / seconds["off"], 2),
                      "items_per_s_on": round(items / seconds["on"], 2),
                      "on_over_off": round(seconds["off"] / seconds["on"], 3),
-                     "hit_rate": round((stats.hits - before.hits) / max(
-                         1, sum(getattr(stats, k) - getattr(before, k)
-                                for k in ("hits", "partial_hits", "misses", "bypasses"))), 4),
+                     "hit_rate": round((now["hit"] - was["hit"]) / max(1, looked_up), 4),
                      "max_abs_logprob_diff_on_vs_off": diff})
         r = rows[-1]
         print(f"{name:8s} engine: off {r['items_per_s_off']} items/s, on {r['items_per_s_on']} "

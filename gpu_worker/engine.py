@@ -158,19 +158,21 @@ class Engine:
         hide behind it; a CUDA graph pays only when they would not (its fixed tiles and padding
         cost more GPU time than the eager kernels; docs/ARCHITECTURE.md, "CUDA graphs").
         `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache.
-        A batch that replays a graph leaves the prefix cache alone: an idle request is as fast
-        as without it (docs/ARCHITECTURE.md, "Prefix cache")."""
+        A batch with a query the prefix cache may keep runs eagerly through the cache, idle or
+        not: a graph cannot read or fill it, and a query left out when idle is a miss when it
+        returns (docs/ARCHITECTURE.md, "Prefix cache")."""
         items_and_labels = [(s.num_items, len(ids))
                             for s, ids in zip(sequences, label_ids_per_sequence)]
-        graph = (not overlapped and self.graphs and self.graphs.pick(
-            sequences, sum(n for n, _ in items_and_labels),
-            sum(n * labels for n, labels in items_and_labels)))
+        use_cache = use_cache and self.prefix_cache is not None
+        graph = (not overlapped and self.graphs
+                 and not (use_cache and any(self.prefix_cache.may_keep(s) for s in sequences))
+                 and self.graphs.pick(sequences, sum(n for n, _ in items_and_labels),
+                                      sum(n * labels for n, labels in items_and_labels)))
         if graph:
             out, keep = self.graphs.launch(graph, sequences, *_host_metadata(
                 sequences, label_ids_per_sequence))
             return self._read_back(out, keep, items_and_labels)
-        cache = (self.prefix_cache.plan(sequences) if self.prefix_cache and use_cache
-                 else None)
+        cache = self.prefix_cache.plan(sequences) if use_cache else None
         if cache is not None:
             sequences = cache.sequences  # without their cached query rows
         input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(

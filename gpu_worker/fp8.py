@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gpu_worker.model import CausalLMForScoring
@@ -44,14 +45,27 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
-def row_quantizer(device: torch.device) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
-    """quantize_rows for tensors on `device`: one Triton kernel on CUDA, torch ops elsewhere.
-    Resolved once per linear, so the per-layer forward imports nothing."""
-    if device.type != "cuda":
-        return quantize_rows
-    from gpu_worker.fp8_quant_kernel import quantize_rows_fp8  # Triton: GPU hosts only
+def silu_mul_quantize_rows(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows(SiLU(gate) * up) of [M, 2K], the product in gate_up's dtype (torch ops; the
+    reference of the fused Triton kernel)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return quantize_rows(F.silu(gate) * up)
 
-    return functools.partial(quantize_rows_fp8, fp8_max=FP8_MAX, min_scale=MIN_SCALE)
+
+def row_quantizer(device: torch.device, silu_mul: bool = False
+                  ) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+    """quantize_rows (or silu_mul_quantize_rows) for tensors on `device`: one Triton kernel on
+    CUDA, torch ops elsewhere. Resolved once per linear, so the per-layer forward imports
+    nothing."""
+    if device.type != "cuda":
+        return silu_mul_quantize_rows if silu_mul else quantize_rows
+    from gpu_worker.fp8_quant_kernel import (  # Triton: GPU hosts only
+        quantize_rows_fp8,
+        silu_mul_quantize_rows_fp8,
+    )
+
+    kernel = silu_mul_quantize_rows_fp8 if silu_mul else quantize_rows_fp8
+    return functools.partial(kernel, fp8_max=FP8_MAX, min_scale=MIN_SCALE)
 
 
 class Fp8Linear(nn.Module):
@@ -65,6 +79,7 @@ class Fp8Linear(nn.Module):
                  device: torch.device | None = None) -> None:
         super().__init__()
         self.quantize = row_quantizer(device or weight.device)
+        self.quantize_silu_mul = row_quantizer(device or weight.device, silu_mul=True)
         self.weight = nn.Parameter(weight, requires_grad=False)  # [N, K] e4m3
         scale = weight_scale.reshape(1, -1).float().contiguous()
         self.weight_scale = nn.Parameter(scale, requires_grad=False)  # [1, N]
@@ -86,8 +101,14 @@ class Fp8Linear(nn.Module):
         return linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, scale = self.quantize(x)
-        if x.is_cuda:
+        return self._matmul(*self.quantize(x))
+
+    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """forward(SiLU(gate) * up) for down_proj, the product quantized in the same kernel."""
+        return self._matmul(*self.quantize_silu_mul(gate_up))
+
+    def _matmul(self, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        if q.is_cuda:
             return torch._scaled_mm(q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale,
                                     bias=self.bias, out_dtype=self.out_dtype)
         out = (q.float() * scale) @ (self.weight.float() * self.weight_scale.t()).t()

@@ -94,7 +94,10 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         if isinstance(self.gate_up_proj, nn.Linear):
             return self.down_proj(ops.gate_up_silu(x, self.gate_up_proj.weight))
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))  # FP8 (gpu_worker/fp8.py)
+        gate_up = self.gate_up_proj(x)  # FP8 (gpu_worker/fp8.py)
+        if isinstance(self.down_proj, nn.Linear):
+            return self.down_proj(ops.silu_and_mul(gate_up))
+        return self.down_proj.forward_silu_mul(gate_up)  # SiLU-and-mul fused with quantization
 
 
 class DecoderLayer(nn.Module):

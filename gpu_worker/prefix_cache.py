@@ -103,9 +103,9 @@ def page_keys(query: list[int], page_tokens: int) -> list[tuple[bytes, bytes]]:
 class PrefixCache:
     def __init__(self, cfg: ModelConfig, capacity_tokens: int, min_tokens: int,
                  page_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (cfg.num_hidden_layers, capacity_tokens, cfg.num_key_value_heads, cfg.head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        # K and V of a slot side by side: one copy per layer moves both (CachedAttention)
+        shape = (cfg.num_hidden_layers, capacity_tokens, 2, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv = torch.empty(shape, dtype=dtype, device=device)
         self.capacity = capacity_tokens
         self.min_tokens = min_tokens
         self.page_tokens = page_tokens
@@ -117,6 +117,9 @@ class PrefixCache:
     def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
         return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
 
+    def may_keep(self, seq: PackedSequence) -> bool:
+        return cacheable_query(seq, self.min_tokens)
+
     def plan(self, sequences: list[PackedSequence]) -> CachePlan:
         """Look up, insert and evict for one batch (host work only)."""
         used: set[bytes] = set()  # pages this batch reads or writes: never evicted by it
@@ -124,7 +127,7 @@ class PrefixCache:
         plan = CachePlan([], [])
         inserts: list[tuple[int, list[int]]] = []  # (index in plan.sequences, slots)
         for seq in sequences:
-            if not cacheable_query(seq, self.min_tokens):
+            if not self.may_keep(seq):
                 plan.sequences.append(seq)
                 plan.cached_queries.append(None)
                 continue
@@ -213,10 +216,22 @@ class PrefixCache:
         return slots
 
 
+def kv_pair(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """[T, 2, Hk, D] holding k and v: a view when v follows k in each row of one buffer (the
+    fused QKV layout of CudaOps, gpu_worker/qkv_kernel.py), else a stacked copy (TorchOps)."""
+    t, heads, dim = k.shape
+    if (v.data_ptr() == k.data_ptr() + heads * dim * k.element_size()
+            and k.stride() == v.stride() == (k.stride(0), dim, 1)):
+        return k.as_strided((t, 2, heads, dim), (k.stride(0), heads * dim, dim, 1))
+    return torch.stack([k, v], dim=1)
+
+
 class CachedAttention:
     """An attention backend with one batch's CachePlan applied to each layer's K/V first: the
     missed queries' rows are copied into the pool, then the hits' cached rows are appended
-    after the batch's own (where the backend's plan points their blocks)."""
+    after the batch's own (where the backend's plan points their blocks). K and V move
+    together: two copies per layer for each, where each op costs ~tens of µs of host time on
+    the launch path (docs/ARCHITECTURE.md, "Prefix cache")."""
 
     def __init__(self, inner, cache: PrefixCache, insert_rows: torch.Tensor,
                  insert_slots: torch.Tensor, gather_slots: torch.Tensor) -> None:
@@ -227,11 +242,10 @@ class CachedAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
-        pool_k, pool_v = self.cache.k[layer], self.cache.v[layer]
+        pool = self.cache.kv[layer]
+        pair = kv_pair(k, v)
         if len(self.insert_rows):
-            pool_k.index_copy_(0, self.insert_slots, k.index_select(0, self.insert_rows))
-            pool_v.index_copy_(0, self.insert_slots, v.index_select(0, self.insert_rows))
+            pool.index_copy_(0, self.insert_slots, pair.index_select(0, self.insert_rows))
         if len(self.gather_slots):
-            k = torch.cat([k, pool_k.index_select(0, self.gather_slots)])
-            v = torch.cat([v, pool_v.index_select(0, self.gather_slots)])
+            k, v = torch.cat([pair, pool.index_select(0, self.gather_slots)]).unbind(1)
         return self.inner(q, k, v, layer)

@@ -88,10 +88,8 @@ def main() -> None:
     eager_cfg = engine_cfg.model_copy(update={"cuda_graphs": False})
     eager = Engine.from_config(app.resolved_model_path(), eager_cfg)
     started = time.perf_counter()
-    modes = [("eager", eager)]
-    if args.precision == "bf16":  # FP8 runs without graphs (EngineConfig refuses the pair)
-        modes.append(("graphs", Engine(eager.model, eager.device,
-                                       engine_cfg.model_copy(update={"cuda_graphs": True}))))
+    modes = [("eager", eager), ("graphs", Engine(
+        eager.model, eager.device, engine_cfg.model_copy(update={"cuda_graphs": True})))]
     capture_s = time.perf_counter() - started
     rows = []
     for (query_len, items, item_len), (mode, engine) in itertools.product(

@@ -155,6 +155,7 @@ def test_cuda_graphs_with_torch_ops_is_refused_at_validation():
         EngineConfig(**gpu, ops="torch", cuda_graphs=True)
     EngineConfig(**gpu, ops="torch", cuda_graphs=False)
     EngineConfig(**gpu, ops="cuda", cuda_graphs=True)
+    EngineConfig(**gpu, ops="cuda", cuda_graphs=True, precision="fp8", dtype="bfloat16")
 
 
 def test_missing_model_folder_names_the_prepare_command(tmp_path):

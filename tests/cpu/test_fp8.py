@@ -55,8 +55,6 @@ def test_quantize_model_swaps_the_chosen_linears(tiny_checkpoint):
     ({"precision": "fp8"}, "engine.precision"),
     ({"precision": "fp8", "device": "cuda", "dtype": "float16", "attention": "flashinfer"},
      "engine.dtype"),
-    ({"precision": "fp8", "device": "cuda", "dtype": "bfloat16", "attention": "flashinfer",
-      "ops": "cuda", "cuda_graphs": True}, "engine.cuda_graphs"),
 ])
 def test_fp8_refuses_to_start_where_it_cannot_run(settings, named):
     with pytest.raises(ValueError, match=named):

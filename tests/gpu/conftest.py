@@ -14,9 +14,11 @@ import torch
 
 from loadtest import REPO_ROOT
 from loadtest.random_model import SHAPES
+from ranker_contract.packing import pack_plain, pack_request
 
 YES, NO = 9454, 2753  # "Yes", "No" in the Qwen3 vocabulary
 LABELS = [YES, NO]
+VOCAB = 151643  # ids below this are ordinary tokens
 
 
 def run_batch(engine, sequences, labels=LABELS, overlapped=False):
@@ -37,6 +39,32 @@ def launch_checking_no_host_sync(engine, sequences, labels=LABELS):
         return engine.launch(sequences, label_ids)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def ids(rng, n):
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def graph_batches(rng):
+    """Named batch compositions users send, each small enough for a captured bucket (the
+    CUDA-graph tests, bf16 and fp8)."""
+    def request(query_len, item_lens, item_first=False):
+        return pack_request(ids(rng, query_len), [ids(rng, n) for n in item_lens],
+                            item_first=item_first, delimiter_id=0, max_seq_tokens=4096,
+                            max_context=32768)
+
+    return {
+        "one item": request(120, [180]),
+        "one-token items": request(30, [1] * 40),
+        "empty query (one plain sequence per item)": request(0, [300] * 10),
+        "item_first": request(20, [50, 7, 90], item_first=True),
+        "mixed lengths": request(120, [180, 1, 0, 57, 180, 3, 99, 180, 12, 30]),
+        "two requests": request(64, [100] * 5) + request(10, [40, 3, 200]),
+        "exactly a bucket": [pack_plain(ids(rng, 1024), 0)],
+        "plain and multi-item": [pack_plain(ids(rng, 77), 0)] + request(50, [60, 60]),
+        # 250 items each reading a 1,000-token query: the most page indices per token
+        "long query, 250 one-token items": request(1000, [1] * 250),
+    }
 
 
 def softmax(row):

@@ -8,16 +8,16 @@ import pytest
 
 from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
-from ranker_contract.packing import pack_multi_item, pack_plain, pack_request
+from ranker_contract.packing import pack_multi_item
 from tests.gpu.conftest import (
     LABELS,
+    graph_batches,
+    ids,
     launch_checking_no_host_sync,
     run_batch,
     scheduled,
     worst_difference,
 )
-
-VOCAB = 151643
 
 
 @pytest.fixture(scope="module")
@@ -26,36 +26,11 @@ def graph_engine(fast_engine):
         device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda", cuda_graphs=True))
 
 
-def _ids(rng, n):
-    return [rng.randrange(VOCAB) for _ in range(n)]
-
-
-def _batches(rng):
-    """Named batch compositions users send, each small enough for a captured bucket."""
-    def request(query_len, item_lens, item_first=False):
-        return pack_request(_ids(rng, query_len), [_ids(rng, n) for n in item_lens],
-                            item_first=item_first, delimiter_id=0, max_seq_tokens=4096,
-                            max_context=32768)
-
-    return {
-        "one item": request(120, [180]),
-        "one-token items": request(30, [1] * 40),
-        "empty query (one plain sequence per item)": request(0, [300] * 10),
-        "item_first": request(20, [50, 7, 90], item_first=True),
-        "mixed lengths": request(120, [180, 1, 0, 57, 180, 3, 99, 180, 12, 30]),
-        "two requests": request(64, [100] * 5) + request(10, [40, 3, 200]),
-        "exactly a bucket": [pack_plain(_ids(rng, 1024), 0)],
-        "plain and multi-item": [pack_plain(_ids(rng, 77), 0)] + request(50, [60, 60]),
-        # 250 items each reading a 1,000-token query: the most page indices per token
-        "long query, 250 one-token items": request(1000, [1] * 250),
-    }
-
-
 def test_graph_replay_equals_eager(fast_engine, graph_engine):
     reference = Engine(fast_engine.model, fast_engine.device,
                        EngineConfig(device="cuda", attention="torch", ops="torch"))
     rng = random.Random(11)
-    batches = _batches(rng)
+    batches = graph_batches(rng)
     for name, sequences in batches.items():
         rows = sum(s.num_items for s in sequences)
         assert graph_engine.graphs.pick(sequences, rows, rows * len(LABELS)) is not None, name
@@ -79,9 +54,9 @@ def test_graph_replay_equals_eager(fast_engine, graph_engine):
 def test_padding_never_changes_a_score(graph_engine):
     """One request scored alone (much padding) and beside others (little padding): same scores."""
     rng = random.Random(12)
-    query, items = _ids(rng, 100), [_ids(rng, n) for n in (150, 20, 1, 80)]
+    query, items = ids(rng, 100), [ids(rng, n) for n in (150, 20, 1, 80)]
     alone = [pack_multi_item(query, items, 0)]
-    others = [pack_multi_item(_ids(rng, 60), [_ids(rng, 200)] * 4, 0) for _ in range(3)]
+    others = [pack_multi_item(ids(rng, 60), [ids(rng, 200)] * 4, 0) for _ in range(3)]
     (scores_alone,) = run_batch(graph_engine, alone)
     scores_packed = run_batch(graph_engine, others + alone)[-1]
     assert worst_difference([scores_alone], [scores_packed])[1] <= 1e-3
@@ -90,7 +65,7 @@ def test_padding_never_changes_a_score(graph_engine):
 
 def test_batches_past_the_largest_bucket_run_eagerly(fast_engine, graph_engine):
     rng = random.Random(13)
-    big = [pack_multi_item(_ids(rng, 120), [_ids(rng, 180)] * 30, 0)]  # 5,551 tokens
+    big = [pack_multi_item(ids(rng, 120), [ids(rng, 180)] * 30, 0)]  # 5,551 tokens
     assert graph_engine.graphs.pick(big, 30, 60) is None
     lp, p = worst_difference(run_batch(graph_engine, big), run_batch(fast_engine, big))
     assert lp == 0.0 and p == 0.0  # the same eager kernels
@@ -98,7 +73,7 @@ def test_batches_past_the_largest_bucket_run_eagerly(fast_engine, graph_engine):
 
 def test_graph_launch_has_no_host_sync(graph_engine):
     rng = random.Random(14)
-    sequences = [pack_multi_item(_ids(rng, 120), [_ids(rng, 180)] * 5, 0)]
+    sequences = [pack_multi_item(ids(rng, 120), [ids(rng, 180)] * 5, 0)]
     step = launch_checking_no_host_sync(graph_engine, sequences)
     assert len(graph_engine.finish(step)[0]) == 5
 
@@ -108,7 +83,7 @@ def test_overlap_loop_with_graphs_equals_sync(fast_engine, graph_engine):
     behind the running batch) and one launched on an idle device replays a graph; without
     overlap every batch that fits replays. Either way every result matches the eager engine."""
     rng = random.Random(15)
-    sequences = [pack_multi_item(_ids(rng, 60), [_ids(rng, 120)] * 5, 0) for _ in range(12)]
+    sequences = [pack_multi_item(ids(rng, 60), [ids(rng, 120)] * 5, 0) for _ in range(12)]
 
     eager = scheduled(fast_engine, sequences, False, batch_token_budget=2048)
     for overlap in (True, False):

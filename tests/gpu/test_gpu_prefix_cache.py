@@ -1,23 +1,25 @@
 """The prefix cache with FlashInfer (bf16, CUDA ops): a hit scores what the same request scores
-without a cache, eagerly and on an engine with CUDA graphs (where an idle batch that fits a graph
-replays it without the cache, and batches under load use the cache eagerly), in one batch with
-its own miss, through the overlapped scheduling loop, with no host sync on the launch path, and
-under eviction."""
+without a cache, eagerly and on an engine with CUDA graphs (where a batch with a cacheable
+query runs eagerly through the cache, idle or not, and only one without replays a graph), in one
+batch with its own miss, through the overlapped scheduling loop, with no host sync on the launch
+path, and under eviction."""
 
 import dataclasses
 import random
+
+import pytest
 
 from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_request
 from tests.gpu.conftest import (
+    VOCAB,
     launch_checking_no_host_sync,
     run_batch,
     scheduled,
     worst_difference,
 )
 
-VOCAB = 151643
 # A hit computes its items in other batch shapes than the miss did (other GEMM tiles, other
 # attention splits; bf16): the multi-item vs one-at-a-time bounds of test_gpu_engine.py.
 BOUNDS = (5e-2, 5e-3)  # max |Δ log-prob|, max |Δ softmax score|
@@ -51,10 +53,16 @@ def under_load(engine, sequences):
     return run_batch(engine, sequences, overlapped=True)
 
 
-def test_hits_score_what_no_cache_scores_eager_and_with_graphs(fast_engine):
+@pytest.fixture(scope="module")
+def graph_cached_engine(fast_engine):
+    # One per module: a graph engine built after another was freed faults in FlashInfer
+    # (docs/ARCHITECTURE.md, "CUDA graphs").
+    return cached_engine(fast_engine, cuda_graphs=True)
+
+
+def test_hits_score_what_no_cache_scores_eager_and_with_graphs(fast_engine, graph_cached_engine):
     rng = random.Random(0)
-    for graphs in (False, True):
-        engine = cached_engine(fast_engine, cuda_graphs=graphs)
+    for graphs, engine in ((False, cached_engine(fast_engine)), (True, graph_cached_engine)):
         for name, (q, items, item_len) in {"profile": (2000, 20, 50), "pages": (120, 10, 180),
                                            "one item": (300, 1, 40)}.items():
             shared = query(rng, q)
@@ -65,11 +73,23 @@ def test_hits_score_what_no_cache_scores_eager_and_with_graphs(fast_engine):
             within(under_load(engine, hit), run_batch(fast_engine, hit),
                    f"{name} hit, graphs {graphs}")
             assert engine.prefix_cache.stats.hits == before + len(hit)
-            if graphs:  # idle: the batch replays its graph and leaves the cache alone
-                looked_up = dataclasses.astuple(engine.prefix_cache.stats)
+            if graphs:  # idle and fitting a graph, a cacheable batch still hits the cache
                 assert engine.graphs.pick(hit, items, 2 * items) is not None
                 within(run_batch(engine, hit), run_batch(fast_engine, hit), f"{name} idle")
-                assert dataclasses.astuple(engine.prefix_cache.stats) == looked_up
+                assert engine.prefix_cache.stats.hits == before + 2 * len(hit)
+
+
+def test_a_batch_without_a_cacheable_query_replays_its_graph(fast_engine, graph_cached_engine):
+    engine = graph_cached_engine
+    looked_up = dataclasses.astuple(engine.prefix_cache.stats)
+    rng = random.Random(4)
+    short = request(rng, query(rng, 63), 10, 180)  # below prefix_cache_min_tokens
+    assert engine.graphs.pick(short, 10, 20) is not None
+    replays, replay = [], engine.graphs.launch
+    engine.graphs.launch = lambda *args: replays.append(1) or replay(*args)
+    within(run_batch(engine, short), run_batch(fast_engine, short), "short query, idle")
+    assert replays == [1]
+    assert dataclasses.astuple(engine.prefix_cache.stats) == looked_up
 
 
 def test_one_batch_fills_and_reads_an_entry_and_splits_share_it(fast_engine):

@@ -12,8 +12,8 @@ import sys
 
 from loadtest import REPO_ROOT
 from loadtest.cold_start import count_flashinfer_builds, counters
+from tests.gpu.conftest import VOCAB
 
-VOCAB = 151643
 SHAPES = [(2000, 20, 50), (20, 50, 20), (0, 1, 4000), (120, 10, 180), (0, 8, 300), (7, 3, 1)]
 
 

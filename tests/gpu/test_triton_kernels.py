@@ -79,3 +79,30 @@ def test_gate_up_silu_matches_the_unfused_path(rows):
           f"unfused {err_unfused:.2e}")
     assert same >= 0.999
     assert err_fused <= 1.05 * err_unfused
+
+
+@pytest.mark.parametrize("rows, width", [(1, 1024), (300, 3072), (64, 9728)])
+def test_fp8_row_quantizers_match_a_float64_reference(rows, width):
+    """Per-row e4m3 quantization, plain and fused with SiLU(gate) * up (rounded to bf16 first,
+    as the unfused path stores it): the same scales, and the same e4m3 codes but for values
+    on a rounding edge (one step apart at most)."""
+    from gpu_worker.fp8 import FP8, FP8_MAX, MIN_SCALE
+    from gpu_worker.fp8_quant_kernel import quantize_rows_fp8, silu_mul_quantize_rows_fp8
+
+    g = torch.Generator(device=DEVICE).manual_seed(rows)
+    gate_up = (torch.randn(rows, 2 * width, generator=g, device=DEVICE) * 3).to(torch.bfloat16)
+    gate_up[0] = 0  # an all-zero row (padding) takes the smallest scale
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    silu_mul = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16).double()
+    for name, kernel, x, exact in (
+            ("plain", quantize_rows_fp8, gate_up[:, :width], gate),
+            ("silu_mul", silu_mul_quantize_rows_fp8, gate_up, silu_mul)):
+        q, scale = kernel(x, fp8_max=FP8_MAX, min_scale=MIN_SCALE)
+        want_scale = (exact.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
+        want_q = (exact / want_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+        assert q.shape == (rows, width) and scale.shape == (rows, 1)
+        torch.testing.assert_close(scale.double(), want_scale, rtol=2**-7, atol=0)
+        same = (q.view(torch.uint8) == want_q.view(torch.uint8)).float().mean().item()
+        step = (q.double() - want_q.double()).abs() <= 2**-3 * want_q.double().abs() + 2**-9
+        print(f"{name} {rows}x{width}: {same:.5f} of codes identical")
+        assert same >= 0.999 and bool(step.all()), name

@@ -100,8 +100,11 @@ class Fp8Linear(nn.Module):
         linear.bias = self.bias
         return linear
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._matmul(*self.quantize(x))
+    takes_fp8_rows = True  # the norm before it may hand over quantized rows (ops.add_rms_norm)
+
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x: [M, K] rows, or the same already quantized as (e4m3 [M, K], fp32 scales [M, 1])."""
+        return self._matmul(*(x if isinstance(x, tuple) else self.quantize(x)))
 
     def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """forward(SiLU(gate) * up) for down_proj, the product quantized in the same kernel."""

@@ -44,7 +44,7 @@ class AttentionBackend(Protocol):
 
 class Ops(Protocol):
     def rms_norm(self, x, weight, eps): ...
-    def add_rms_norm(self, x, residual, weight, eps): ...
+    def add_rms_norm(self, x, residual, weight, eps, fp8=False): ...
     def start_residual(self, x): ...
     def prepare_qkv(self, qkv, positions, attn: Attention): ...
     def gate_up_silu(self, x, weight): ...
@@ -79,7 +79,7 @@ class Attention(nn.Module):
     def forward(self, x, positions, ops: Ops, attend: AttentionBackend, rows=None):
         """`rows`: keep only these rows of the output (every row still serves as key/value)."""
         q, k, v = ops.prepare_qkv(self.qkv_proj(x), positions, self)
-        out = attend(q, k, v, self.layer).reshape(x.shape[0], self.q_size)
+        out = attend(q, k, v, self.layer).reshape(q.shape[0], self.q_size)
         if rows is not None:
             out = out.index_select(0, rows)
         return self.o_proj(out)
@@ -115,13 +115,21 @@ class DecoderLayer(nn.Module):
         if residual is None:
             residual, x = ops.start_residual(x), ops.rms_norm(x, norm.weight, norm.eps)
         else:
-            x, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+            x, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps,
+                                           fp8=_takes_fp8_rows(self.self_attn.qkv_proj))
         x = self.self_attn(x, positions, ops, attend, rows)
         if rows is not None:
             residual = residual.index_select(0, rows)
         norm = self.post_attention_layernorm
-        x, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        x, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps,
+                                       fp8=_takes_fp8_rows(self.mlp.gate_up_proj))
         return self.mlp(x, ops), residual
+
+
+def _takes_fp8_rows(linear: nn.Module) -> bool:
+    """Whether `linear` reads its input as quantized rows, (e4m3, scales), which the norm before
+    it can then write directly (Fp8Linear, gpu_worker/fp8.py)."""
+    return getattr(linear, "takes_fp8_rows", False)
 
 
 class DecoderModel(nn.Module):

@@ -49,8 +49,9 @@ class TorchOps:
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
         return weight * x32.to(x.dtype)
 
-    def add_rms_norm(self, x, residual, weight, eps):
-        """(rms_norm(x + residual), x + residual)."""
+    def add_rms_norm(self, x, residual, weight, eps, fp8=False):
+        """(rms_norm(x + residual), x + residual); the rows stay unquantized whatever `fp8` says
+        (an FP8 linear quantizes them itself)."""
         residual = x + residual
         return self.rms_norm(residual, weight, eps), residual
 
@@ -116,7 +117,10 @@ class CudaOps:
         from gpu_worker.qkv_kernel import qkv_prepare
 
         self._rmsnorm, self._fused_add_rmsnorm = rmsnorm, fused_add_rmsnorm
+        from gpu_worker.fp8 import FP8_MAX, MIN_SCALE
+
         self._add_rms_norm_fp32_residual = add_rms_norm_fp32_residual
+        self._fp8_limits = (FP8_MAX, MIN_SCALE)
         self._qkv_prepare, self._silu_and_mul = qkv_prepare, silu_and_mul
         self.fp32_residual = fp32_residual
         # The fused kernel loads its tiles by TMA: Hopper (compute capability 9) or newer.
@@ -133,10 +137,12 @@ class CudaOps:
         shape = x.shape
         return self._rmsnorm(x.reshape(-1, shape[-1]), weight, eps).view(shape)
 
-    def add_rms_norm(self, x, residual, weight, eps):
-        # Both in place: residual += x, then x = rms_norm(residual).
+    def add_rms_norm(self, x, residual, weight, eps, fp8=False):
+        # Both in place: residual += x, then x = rms_norm(residual). `fp8`: the rows feed an FP8
+        # linear; with an fp32 residual they come quantized from the same kernel, (e4m3, scales).
         if residual.dtype == torch.float32 and x.dtype != torch.float32:
-            return self._add_rms_norm_fp32_residual(x, residual, weight, eps)
+            return self._add_rms_norm_fp32_residual(x, residual, weight, eps,
+                                                    self._fp8_limits if fp8 else None)
         self._fused_add_rmsnorm(x, residual, weight, eps)
         return x, residual
 

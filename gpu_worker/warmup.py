@@ -55,7 +55,7 @@ def triton_variants() -> int:
     """Triton kernels compiled in this process so far, over every specialization of this
     package's kernels (Triton keeps one cache entry per variant)."""
     count = 0
-    for name in ("add_norm_kernel", "gate_up_silu_kernel", "qkv_kernel"):
+    for name in ("add_norm_kernel", "fp8_quant_kernel", "gate_up_silu_kernel", "qkv_kernel"):
         module = sys.modules.get(f"gpu_worker.{name}")
         for value in vars(module).values() if module else ():
             for cache in getattr(value, "device_caches", {}).values():

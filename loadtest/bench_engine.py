@@ -4,7 +4,7 @@ Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.
        [--budget 65536] [--no-hf]
        [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up,fp8,
                fp8_bf16_o,classifier,classifier_from_labels]
-       [--classifier-model models/qwen3-0.6b-cls-random]
+       [--classifier-model models/qwen3-0.6b-cls-random] [--fp8-settings no_down,edges2]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
 (Engine.from_config, then the batch budget from Engine.measure_budget); --model and --budget
@@ -25,7 +25,8 @@ settings and batch budget, on a *ForSequenceClassification folder of the same de
 one): its head at the score rows (every class) against the causal model's LM head and
 full-vocabulary log-sum-exp (the "engine" row). `classifier_from_labels` serves --model itself
 with its two label rows as a one-class head (rerank.classifier_from_labels), the labels being
-the workload's two.
+the workload's two. `--fp8-settings` adds one fp8 engine per setting of the fidelity tool
+(which linears, bf16 edge layers): the speed column of its report.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from gpu_worker.scheduler import Scheduler, ScoreTask
 from loadtest import REPO_ROOT, RESULTS_DIR
 from loadtest.cli_args import add_engine_bench_args
 from loadtest.configs import shipped_app_config
+from loadtest.fidelity import parse_setting
 from loadtest.hf_baseline import HFBaseline
 from loadtest.random_model import SHAPES
 from loadtest.workload import RequestFactory, Workload
@@ -198,6 +200,8 @@ def main():
     p.add_argument("--modes", default="engine,sync,bf16_residual,one_per_item,torch_ops,fa3,"
                                       "unfused_gate_up")
     p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--fp8-settings", default="", help="also fp8 with each of these settings of "
+                   "the fidelity tool (loadtest/fidelity.py), e.g. no_down,qkv_gate_up+edges2")
     p.add_argument("--classifier-model", type=Path,
                    default=REPO_ROOT / "models" / SHAPES["0.6b-cls"].folder,
                    help="the classifier mode's *ForSequenceClassification folder, of --model's "
@@ -240,13 +244,19 @@ def main():
     if "one_per_item" in modes:
         plain = [pack_plain(q + item, 0) for q, items in requests for item in items]
         bench("one sequence per item", fast, plain)
-    for mode, (name, update) in ENGINE_ABLATIONS.items():
-        if mode in modes:  # its own engine, built like the shipped one, freed after its run
-            torch.cuda.empty_cache()  # room for a second copy of a large model
-            engine = Engine.from_config(args.model, without_graphs(app.engine, **update))
-            bench(name, engine, multi)
-            del engine
-            torch.cuda.empty_cache()
+    variants = [ENGINE_ABLATIONS[mode] for mode in ENGINE_ABLATIONS if mode in modes]
+    for setting in filter(None, args.fp8_settings.split(",")):
+        fp8 = parse_setting(setting)
+        variants.append((f"fp8 {setting}", {
+            "precision": "fp8", "fp8_linears": fp8.linears,
+            "fp8_bf16_first_layers": fp8.bf16_first_layers,
+            "fp8_bf16_last_layers": fp8.bf16_last_layers}))
+    for name, update in variants:  # its own engine, built like the shipped one, freed after
+        torch.cuda.empty_cache()  # room for a second copy of a large model
+        engine = Engine.from_config(args.model, without_graphs(app.engine, **update))
+        bench(name, engine, multi)
+        del engine
+        torch.cuda.empty_cache()
     if "classifier" in modes:
         bench_classifier(args.classifier_model, without_graphs(app.engine), cfg, multi, bench)
     if "classifier_from_labels" in modes:  # the same folder, its label rows as the head

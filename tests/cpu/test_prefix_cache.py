@@ -9,8 +9,10 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from gpu_worker.engine import Engine
+from gpu_worker.prefix_cache import kv_pair
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 
@@ -187,3 +189,19 @@ def test_different_rerank_queries_share_the_template_prefix(engines, default_mod
         seq = request(rng, query)
         assert_same(score(engine, [seq]), score(reference, [seq]), "rerank query")
     assert engine.prefix_cache.stats.tokens_reused == fixed // PAGE * PAGE
+
+
+def test_kv_pair_views_the_fused_qkv_buffer_and_copies_otherwise():
+    """K and V move together (one copy per layer): from CudaOps' fused [T, (Hq + 2 Hk) D] buffer
+    as a view of it, from separate tensors as a stacked copy; the same values either way."""
+    t, hq, hk, d = 5, 4, 2, 8
+    qkv = torch.randn(t, (hq + 2 * hk) * d)
+    k = qkv[:, hq * d:(hq + hk) * d].view(t, hk, d)
+    v = qkv[:, (hq + hk) * d:].view(t, hk, d)
+    pair = kv_pair(k, v)
+    assert pair.shape == (t, 2, hk, d) and pair.data_ptr() == k.data_ptr()  # no copy
+    assert torch.equal(pair, torch.stack([k, v], dim=1))
+    apart = kv_pair(k.clone(), v.clone())
+    assert apart.data_ptr() != k.data_ptr() and torch.equal(apart, pair)
+    swapped = kv_pair(v, k)  # v before k in the buffer: not the fused layout, so a copy
+    assert swapped.data_ptr() != qkv.data_ptr() and torch.equal(swapped[:, 0], v)

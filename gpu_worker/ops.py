@@ -114,11 +114,10 @@ class CudaOps:
         from flashinfer.norm import fused_add_rmsnorm, rmsnorm
 
         from gpu_worker.add_norm_kernel import add_rms_norm_fp32_residual
+        from gpu_worker.fp8 import FP8_MAX, MIN_SCALE
         from gpu_worker.qkv_kernel import qkv_prepare
 
         self._rmsnorm, self._fused_add_rmsnorm = rmsnorm, fused_add_rmsnorm
-        from gpu_worker.fp8 import FP8_MAX, MIN_SCALE
-
         self._add_rms_norm_fp32_residual = add_rms_norm_fp32_residual
         self._fp8_limits = (FP8_MAX, MIN_SCALE)
         self._qkv_prepare, self._silu_and_mul = qkv_prepare, silu_and_mul

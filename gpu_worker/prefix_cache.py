@@ -230,8 +230,8 @@ class CachedAttention:
     """An attention backend with one batch's CachePlan applied to each layer's K/V first: the
     missed queries' rows are copied into the pool, then the hits' cached rows are appended
     after the batch's own (where the backend's plan points their blocks). K and V move
-    together: two copies per layer for each, where each op costs ~tens of µs of host time on
-    the launch path (docs/ARCHITECTURE.md, "Prefix cache")."""
+    together, so a layer adds at most four ops (two to insert, two to append): each costs tens
+    of µs of host time on the launch path (docs/ARCHITECTURE.md, "Prefix cache")."""
 
     def __init__(self, inner, cache: PrefixCache, insert_rows: torch.Tensor,
                  insert_slots: torch.Tensor, gather_slots: torch.Tensor) -> None:

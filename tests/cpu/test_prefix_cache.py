@@ -192,7 +192,7 @@ def test_different_rerank_queries_share_the_template_prefix(engines, default_mod
 
 
 def test_kv_pair_views_the_fused_qkv_buffer_and_copies_otherwise():
-    """K and V move together (one copy per layer): from CudaOps' fused [T, (Hq + 2 Hk) D] buffer
+    """K and V move together: from CudaOps' fused [T, (Hq + 2 Hk) D] buffer
     as a view of it, from separate tensors as a stacked copy; the same values either way."""
     t, hq, hk, d = 5, 4, 2, 8
     qkv = torch.randn(t, (hq + 2 * hk) * d)

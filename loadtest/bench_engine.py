@@ -45,7 +45,7 @@ from gpu_worker.scheduler import Scheduler, ScoreTask
 from loadtest import REPO_ROOT, RESULTS_DIR
 from loadtest.cli_args import add_engine_bench_args
 from loadtest.configs import shipped_app_config
-from loadtest.fidelity import parse_setting
+from loadtest.fidelity import engine_fields, parse_setting
 from loadtest.hf_baseline import HFBaseline
 from loadtest.random_model import SHAPES
 from loadtest.workload import RequestFactory, Workload
@@ -246,11 +246,7 @@ def main():
         bench("one sequence per item", fast, plain)
     variants = [ENGINE_ABLATIONS[mode] for mode in ENGINE_ABLATIONS if mode in modes]
     for setting in filter(None, args.fp8_settings.split(",")):
-        fp8 = parse_setting(setting)
-        variants.append((f"fp8 {setting}", {
-            "precision": "fp8", "fp8_linears": fp8.linears,
-            "fp8_bf16_first_layers": fp8.bf16_first_layers,
-            "fp8_bf16_last_layers": fp8.bf16_last_layers}))
+        variants.append((f"fp8 {setting}", engine_fields(parse_setting(setting))))
     for name, update in variants:  # its own engine, built like the shipped one, freed after
         torch.cuda.empty_cache()  # room for a second copy of a large model
         engine = Engine.from_config(args.model, without_graphs(app.engine, **update))

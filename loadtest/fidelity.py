@@ -179,6 +179,13 @@ def parse_setting(name: str) -> Fp8Setting:
     return Fp8Setting(linears, edges, edges)
 
 
+def engine_fields(setting: Fp8Setting) -> dict:
+    """The EngineConfig fields that serve `setting`: precision fp8 and its knobs."""
+    return {"precision": "fp8", "fp8_linears": setting.linears,
+            "fp8_bf16_first_layers": setting.bf16_first_layers,
+            "fp8_bf16_last_layers": setting.bf16_last_layers}
+
+
 def read_jsonl(path: Path) -> list[LabelledRequest]:
     """--data: one {"query", "documents", "relevant"?} object a line."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -212,9 +219,7 @@ def build_engine(folder: Path, precision: str, device: str) -> Engine:
     dtype = "float32" if precision == "fp32" else "bfloat16"
     if device == "cuda":
         fast = dict(attention="flashinfer", ops="cuda") if dtype == "bfloat16" else {}
-        fp8 = dict(precision="fp8", fp8_linears=setting.linears,
-                   fp8_bf16_first_layers=setting.bf16_first_layers,
-                   fp8_bf16_last_layers=setting.bf16_last_layers) if setting else {}
+        fp8 = engine_fields(setting) if setting else {}
         return Engine.from_config(folder, EngineConfig(
             device="cuda", dtype=dtype, dequantize_fp8_checkpoint=setting is None, **fast, **fp8))
     model = load_model(folder, getattr(torch, dtype), torch.device("cpu"),

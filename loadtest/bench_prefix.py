@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import subprocess
 import sys
@@ -182,7 +181,7 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                 engine.finish(engine.launch(sequences, [[1, 2]] * len(sequences),
                                             overlapped=overlapped))
         seconds, diff = {"off": 0.0, "on": 0.0}, 0.0
-        before = dataclasses.replace(on.prefix_cache.stats)
+        before = on.prefix_cache.stats.lookups()
         for sequences in batches:
             got = {}
             for mode, engine in (("off", off), ("on", on)):
@@ -194,8 +193,6 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                 seconds[mode] += time.perf_counter() - started
             diff = max(diff, *(abs(a - b) for s1, s2 in zip(got["off"], got["on"])
                                for r1, r2 in zip(s1, s2) for a, b in zip(r1, r2)))
-        now, was = on.prefix_cache.stats.lookups(), before.lookups()
-        looked_up = sum(now.values()) - sum(was.values())
         items = args.requests * workload.items
         rows.append({"device": device,
                      "commit": args.commit, "command": command, "config": args.config,
@@ -205,7 +202,7 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                      "items_per_s_off": round(items / seconds["off"], 2),
                      "items_per_s_on": round(items / seconds["on"], 2),
                      "on_over_off": round(seconds["off"] / seconds["on"], 3),
-                     "hit_rate": round((now["hit"] - was["hit"]) / max(1, looked_up), 4),
+                     "hit_rate": hit_rate(before, on.prefix_cache.stats.lookups()),
                      "max_abs_logprob_diff_on_vs_off": diff})
         r = rows[-1]
         print(f"{name:8s} engine: off {r['items_per_s_off']} items/s, on {r['items_per_s_on']} "

@@ -5,8 +5,14 @@ becomes one request of BatchPrefillWithPagedKVCacheWrapper over the batch's own 
 pages of one token: its query rows are the block's rows, and its K/V page list is the sequence's
 query rows (for every block after the first) followed by the block's own rows. With the causal
 mask aligned to the end of that list, an item row sees the query and its own item so far, and
-the kernel computes no tile outside it. The K/V of query rows kept in the prefix cache are
-pages appended after the batch's own rows (docs/ARCHITECTURE.md, "Prefix cache").
+the kernel computes no tile outside it.
+
+A sequence whose first query rows are in the prefix cache (docs/ARCHITECTURE.md, "Prefix
+cache") runs without them; its rows also attend to those rows in place in the cache's pool, in
+a second, non-causal pass with one request per sequence (every row of it sees all its cached
+rows), and the two passes' outputs are merged by their log-sum-exps, as a split-K/V kernel
+merges its parts. Such sequences come first in the batch, so the second pass covers one
+leading run of rows.
 
 This layout, not FlashInfer's own multi-item mask (one request per packed sequence with a
 per-token item-position table): that mask is tested per element and its tiles span the window of
@@ -16,6 +22,7 @@ the longest item, so it costs more (docs/ARCHITECTURE.md, "Engine").
 from __future__ import annotations
 
 import array
+from collections.abc import Sequence
 
 import torch
 
@@ -37,27 +44,16 @@ def row_indices(start: int, end: int) -> array.array:
     return _ROW_INDICES[start:end]
 
 
-def paged_layout(sequences: list[PackedSequence],
-                 cached_queries: list[tuple[int, int] | None] | None = None,
-                 ) -> tuple[list[int], list[int], array.array]:
+def paged_layout(sequences: list[PackedSequence]) -> tuple[list[int], list[int], array.array]:
     """(qo_indptr, kv_indptr, kv_indices) of the batch: one request per attention block, its K/V
-    pages the sequence's query rows (blocks after the first) and then the block's rows. A
-    sequence with its first query rows in the prefix cache (`cached_queries[i]` = (start,
-    length), gpu_worker/prefix_cache.py) reads them, in every block, from the cached rows
-    appended after the batch's own, ahead of its own query rows."""
+    pages the sequence's query rows (blocks after the first) and then the block's rows."""
     qo_indptr, kv_indptr = [0], [0]
     kv_indices = array.array("i")
-    rows = sum(seq.num_tokens for seq in sequences)
-    no_rows = row_indices(0, 0)
     offset = 0
-    for i, seq in enumerate(sequences):
+    for seq in sequences:
         start = offset
-        cached = cached_queries[i] if cached_queries else None
-        cached_rows = (row_indices(rows + cached[0], rows + cached[0] + cached[1]) if cached
-                       else no_rows)
         query_rows = row_indices(offset, offset + seq.prefix_len)
         for block, end in enumerate(seq.block_ends):
-            kv_indices.extend(cached_rows)
             if block:
                 kv_indices.extend(query_rows)
             kv_indices.extend(row_indices(start, offset + end))
@@ -65,6 +61,21 @@ def paged_layout(sequences: list[PackedSequence],
             qo_indptr.append(start)
             kv_indptr.append(len(kv_indices))
         offset += seq.num_tokens
+    return qo_indptr, kv_indptr, kv_indices
+
+
+def cached_layout(sequences: list[PackedSequence], cached_slots: list[Sequence[int] | None]
+                  ) -> tuple[list[int], list[int], array.array]:
+    """(qo_indptr, kv_indptr, kv_indices) of the pass over the pool: one request per leading
+    sequence with cached rows, all its rows, its K/V pages those pool slots."""
+    qo_indptr, kv_indptr = [0], [0]
+    kv_indices = array.array("i")
+    for seq, slots in zip(sequences, cached_slots):
+        if slots is None:
+            break
+        kv_indices.extend(slots)
+        qo_indptr.append(qo_indptr[-1] + seq.num_tokens)
+        kv_indptr.append(len(kv_indices))
     return qo_indptr, kv_indptr, kv_indices
 
 
@@ -79,7 +90,13 @@ class FlashInferAttention:
         self.workspace_gpu = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace_gpu, "NHD", backend=backend)
+        # The pass over the prefix cache's pool: its own plan, the same scratch (one stream).
+        self.cached_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace_gpu, "NHD", backend=backend)
+        self._merge = flashinfer.merge_state_in_place
         self._plan_copied: torch.cuda.Event | None = None
+        self.pool: torch.Tensor | None = None
+        self.cached_rows = 0  # the leading rows that also attend to the pool
 
     def _wait_for_previous_plan(self) -> None:
         # NOTE: plan() stages its schedule in a pinned buffer that every plan() rewrites; the
@@ -91,32 +108,40 @@ class FlashInferAttention:
         self._plan_copied = torch.cuda.Event()
         self._plan_copied.record()
 
-    def _plan_wrapper(self, qo_indptr: list[int], kv_indptr: list[int],
-                      kv_indices: array.array, dtype: torch.dtype,
+    def _plan_wrapper(self, wrapper, qo_indptr: list[int], kv_indptr: list[int],
+                      kv_indices: array.array, dtype: torch.dtype, causal: bool = True,
                       **kwargs) -> tuple[torch.Tensor, ...]:
         """Plan the given layout; returns the page indices (pinned host and GPU copy), which must
-        stay alive until the batch finished."""
+        stay alive until the batch finished. Call between _wait_for_previous_plan() and
+        _plan_issued()."""
         # A fresh pinned tensor each batch, copied without waiting; the kernel reads the copy on
         # the GPU, so both stay referenced (Step.keep_alive) until the batch finished.
         host = torch.frombuffer(kv_indices, dtype=torch.int32).pin_memory()
         kv_indices_gpu = host.to(self.device, non_blocking=True)
         # NOTE: the indptrs stay on the host: plan() reads them there, so CPU tensors mean no sync.
-        self._wait_for_previous_plan()
-        self.wrapper.plan(
+        wrapper.plan(
             torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32),
             kv_indices_gpu, torch.ones(len(qo_indptr) - 1, dtype=torch.int32),  # 1-token pages
             self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim, 1,
-            causal=True, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype,
+            causal=causal, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype,
             **kwargs,
         )
-        self._plan_issued()
         return host, kv_indices_gpu
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             cached_queries: list[tuple[int, int] | None] | None = None
+             pool: torch.Tensor | None = None,
+             cached_slots: list[Sequence[int] | None] | None = None
              ) -> tuple[torch.Tensor, ...]:
         """Plan the batch; returns the tensors that must stay alive until the batch finished."""
-        return self._plan_wrapper(*paged_layout(sequences, cached_queries), dtype)
+        self._wait_for_previous_plan()
+        keep = self._plan_wrapper(self.wrapper, *paged_layout(sequences), dtype)
+        self.pool, self.cached_rows = pool, 0
+        if cached_slots and cached_slots[0] is not None:
+            layout = cached_layout(sequences, cached_slots)
+            keep += self._plan_wrapper(self.cached_wrapper, *layout, dtype, causal=False)
+            self.cached_rows = layout[0][-1]
+        self._plan_issued()
+        return keep
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
@@ -126,7 +151,15 @@ class FlashInferAttention:
             k, v = k.contiguous(), v.contiguous()
         # The kernel writes every output row (every row sees at least itself), so no zero fill.
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        return self.wrapper.run(q, (k.unsqueeze(1), v.unsqueeze(1)), out=out)
+        kv = (k.unsqueeze(1), v.unsqueeze(1))
+        if not self.cached_rows:
+            return self.wrapper.run(q, kv, out=out)
+        out, lse = self.wrapper.run(q, kv, out=out, return_lse=True)
+        rows, pool = self.cached_rows, self.pool[layer]  # [slots, 2, Hk, D]
+        cached_out, cached_lse = self.cached_wrapper.run(
+            q[:rows], (pool[:, 0].unsqueeze(1), pool[:, 1].unsqueeze(1)), return_lse=True)
+        self._merge(out[:rows], lse[:rows], cached_out, cached_lse)
+        return out
 
 
 class FlashInferGraphAttention(FlashInferAttention):
@@ -158,9 +191,10 @@ class FlashInferGraphAttention(FlashInferAttention):
             paged_kv_indices_buf=torch.zeros(kv_capacity + tokens, **i32),
             paged_kv_last_page_len_buf=torch.ones(slots, **i32))
         self._plan_copied = None
+        self.pool, self.cached_rows = None, 0
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             cached_queries: None = None) -> tuple[torch.Tensor, ...]:
+             pool: None = None, cached_slots: None = None) -> tuple[torch.Tensor, ...]:
         # Batches that use the prefix cache run eagerly (docs/ARCHITECTURE.md, "Prefix cache").
         qo_indptr, kv_indptr, kv_indices = paged_layout(sequences)
         kv_indices.extend(row_indices(qo_indptr[-1], self.tokens))  # the padding request
@@ -171,4 +205,8 @@ class FlashInferGraphAttention(FlashInferAttention):
         kv_indptr.extend([len(kv_indices)] * empty)
         # CUDA-graph mode would otherwise always split K/V and merge the parts: one more kernel,
         # and a summation order that differs from the eager path's.
-        return self._plan_wrapper(qo_indptr, kv_indptr, kv_indices, dtype, disable_split_kv=True)
+        self._wait_for_previous_plan()
+        keep = self._plan_wrapper(self.wrapper, qo_indptr, kv_indptr, kv_indices, dtype,
+                                  disable_split_kv=True)
+        self._plan_issued()
+        return keep

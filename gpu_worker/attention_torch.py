@@ -8,6 +8,8 @@ from token values: block 0 is causal; a row of a later block sees the query rows
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -40,35 +42,37 @@ class TorchAttention:
         self.device = device
         self.bounds: list[tuple[int, int]] = []
         self.masks: list[torch.Tensor | None] = []  # None = plain causal
-        self.cached: list[tuple[int, int] | None] = []
+        self.cached: list[torch.Tensor | None] = []  # pool slots of a sequence's cached rows
+        self.pool: torch.Tensor | None = None
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             cached_queries: list[tuple[int, int] | None] | None = None
-             ) -> tuple[torch.Tensor, ...]:
-        """Returns the tensors the batch needs until it finished (the masks)."""
-        self.bounds, self.masks, start = [], [], 0
-        self.cached = cached_queries or [None] * len(sequences)
-        for seq, cached in zip(sequences, self.cached, strict=True):
+             pool: torch.Tensor | None = None,
+             cached_slots: list[Sequence[int] | None] | None = None) -> tuple[torch.Tensor, ...]:
+        """Returns the tensors the batch needs until it finished (masks and slot indices)."""
+        self.bounds, self.masks, self.cached, start = [], [], [], 0
+        self.pool = pool
+        for seq, slots in zip(sequences, cached_slots or [None] * len(sequences), strict=True):
             self.bounds.append((start, start + seq.num_tokens))
             start += seq.num_tokens
-            if cached is not None:
-                mask = cached_query_mask(seq, cached[1])
+            if slots is not None:
+                mask = cached_query_mask(seq, len(slots))
+                self.cached.append(torch.tensor(slots, dtype=torch.int64, device=self.device))
             else:
                 mask = None if len(seq.block_ends) == 1 else multi_item_mask(seq)
+                self.cached.append(None)
             self.masks.append(None if mask is None else mask.to(self.device))
-        return tuple(m for m in self.masks if m is not None)
+        return tuple(t for t in (*self.masks, *self.cached) if t is not None)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
         out = torch.empty_like(q)
-        rows = q.shape[0]  # cached query rows, if any, follow the batch's own in k and v
-        for (start, end), mask, cached in zip(self.bounds, self.masks, self.cached):
+        for (start, end), mask, slots in zip(self.bounds, self.masks, self.cached):
             # SDPA wants [batch, heads, L, D]
             qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-            if cached is not None:
-                query = slice(rows + cached[0], rows + cached[0] + cached[1])
-                ks, vs = (torch.cat([x[query].transpose(0, 1).unsqueeze(0), own], dim=2)
-                          for x, own in ((k, ks), (v, vs)))
+            if slots is not None:  # the cached query rows come first: [C, 2, Hk, D]
+                kv = self.pool[layer].index_select(0, slots)
+                ks, vs = (torch.cat([kv[:, i].transpose(0, 1).unsqueeze(0), own], dim=2)
+                          for i, own in ((0, ks), (1, vs)))
             o = F.scaled_dot_product_attention(
                 qs, ks, vs, attn_mask=mask, is_causal=mask is None, enable_gqa=True
             )

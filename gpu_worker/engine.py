@@ -25,8 +25,8 @@ from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.loader import load_model
 from gpu_worker.model import AttentionBackend, CausalLMForScoring
 from gpu_worker.ops import CudaOps, TorchOps
-from gpu_worker.prefix_cache import CachedAttention, PrefixCache
-from gpu_worker.warmup import triton_variants, warm_up_batches
+from gpu_worker.prefix_cache import InsertingAttention, PrefixCache
+from gpu_worker.warmup import cached_warm_up_batches, triton_variants, warm_up_batches
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item
 
@@ -59,6 +59,9 @@ class Step:
     out_cpu: torch.Tensor  # [N] fp32 label log-probs, flat in sequence/item/label order
     done: torch.cuda.Event | None  # None on CPU: the work already ran
     items_and_labels: list[tuple[int, int]]  # per sequence: how finish() splits out_cpu
+    # The index in the batch as launched of each sequence as run (the prefix cache runs those
+    # that read it first); None: as launched.
+    order: list[int] | None = None
 
 
 class Engine:
@@ -148,6 +151,11 @@ class Engine:
         for batch in warm_up_batches(budget_tokens, max_seq_tokens):
             self.finish(self.launch(batch, [PROBE_LABEL_IDS] * len(batch), overlapped=True,
                                     use_cache=False))
+        if self.prefix_cache is not None:  # then emptied: warm-up never counts as a hit
+            for batch in cached_warm_up_batches(budget_tokens, max_seq_tokens,
+                                                self.prefix_cache.min_tokens):
+                self.finish(self.launch(batch, [PROBE_LABEL_IDS] * len(batch), overlapped=True))
+            self.prefix_cache.clear()
         logger.info("warm-up batches ran in %.1f s (%d Triton variants compiled)",
                     time.perf_counter() - started, triton_variants() - compiled)
 
@@ -173,23 +181,26 @@ class Engine:
                 sequences, label_ids_per_sequence))
             return self._read_back(out, keep, items_and_labels)
         cache = self.prefix_cache.plan(sequences) if use_cache else None
-        if cache is not None:
-            sequences = cache.sequences  # without their cached query rows
+        if cache is not None:  # without their cached query rows, the pool's readers first
+            sequences = cache.sequences
+            label_ids_per_sequence = [label_ids_per_sequence[i] for i in cache.order]
+            items_and_labels = [items_and_labels[i] for i in cache.order]
         input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(
             sequences, label_ids_per_sequence)
         on_cuda = self.device.type == "cuda"
-        # [T], [T], [R], [N], [N], then the cache's rows and slots (empty without a cache)
+        # [T], [T], [R], [N], [N], then the rows and slots the cache inserts (empty without)
         lists = (input_ids, positions, score_rows, label_rows, label_ids,
-                 *((cache.insert_rows, cache.insert_slots, cache.gather_slots) if cache
-                   else ([], [], [])))
+                 *((cache.insert_rows, cache.insert_slots) if cache else ([], [])))
         sizes = [len(x) for x in lists]
         host = padded_int64_tensor(list(zip(lists, sizes)), pin=on_cuda)  # one copy for all
         dev = host.to(self.device, non_blocking=True)
-        ids, pos, rows, label_rows_dev, label_ids_dev, *cache_tensors = dev.split(sizes)
-        plan_tensors = self.attention.plan(sequences, self.dtype,
-                                           cache.cached_queries if cache else None)
-        attend = (CachedAttention(self.attention, self.prefix_cache, *cache_tensors)
-                  if cache and cache.active else self.attention)
+        ids, pos, rows, label_rows_dev, label_ids_dev, insert_rows, insert_slots = dev.split(sizes)
+        plan_tensors = (self.attention.plan(sequences, self.dtype, self.prefix_cache.kv,
+                                            cache.cached_slots) if cache and cache.reads
+                        else self.attention.plan(sequences, self.dtype))
+        attend = (InsertingAttention(self.attention, self.prefix_cache.kv, insert_rows,
+                                     insert_slots) if cache and cache.insert_rows
+                  else self.attention)
         try:
             with torch.inference_mode():
                 hidden = self.model.model(ids, pos, rows, self.ops, attend)
@@ -198,19 +209,21 @@ class Engine:
             if cache is not None:  # its new entries were never filled: no later batch may hit
                 self.prefix_cache.forget(cache)
             raise
+        order = cache.order if cache is not None else None
         if not on_cuda:
-            return Step((host, *plan_tensors), out, None, items_and_labels)
-        return self._read_back(out, (host, dev, *plan_tensors), items_and_labels)
+            return Step((host, *plan_tensors), out, None, items_and_labels, order)
+        return self._read_back(out, (host, dev, *plan_tensors), items_and_labels, order)
 
     @staticmethod
     def _read_back(out: torch.Tensor, keep: tuple[torch.Tensor, ...],
-                   items_and_labels: list[tuple[int, int]]) -> Step:
+                   items_and_labels: list[tuple[int, int]], order: list[int] | None = None
+                   ) -> Step:
         """Queue the copy of the [N] log-probs into pinned memory and mark the batch's end."""
         out_cpu = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)  # [N] fp32
         out_cpu.copy_(out, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return Step((*keep, out), out_cpu, done, items_and_labels)
+        return Step((*keep, out), out_cpu, done, items_and_labels, order)
 
     def finish(self, step: Step) -> list[list[list[float]]]:
         """Per sequence: one row of label log-probs per item."""
@@ -224,7 +237,12 @@ class Engine:
                 rows.append(flat[at : at + n_labels])
                 at += n_labels
             results.append(rows)
-        return results
+        if step.order is None:
+            return results
+        as_launched: list[list[list[float]]] = [[] for _ in results]
+        for index, rows in zip(step.order, results):
+            as_launched[index] = rows
+        return as_launched
 
 
 def _prefix_cache(mcfg, cfg: EngineConfig, dtype: torch.dtype,

@@ -9,6 +9,7 @@ the checkpoint (`PACKED_MODULES`). The model returns final hidden states only at
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -29,16 +30,18 @@ class AttentionBackend(Protocol):
     batch from the packing metadata, then one call per layer."""
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             cached_queries: list[tuple[int, int] | None] | None = None
+             pool: torch.Tensor | None = None,
+             cached_slots: list[Sequence[int] | None] | None = None
              ) -> tuple[torch.Tensor, ...]:
         """Prepare the batch; returns tensors that must stay alive until it finished.
-        `cached_queries[i]` = (start, length): the K/V of sequence i's first `length` query
-        rows, which it does not compute, are k/v rows T + start .. (gpu_worker/prefix_cache.py)."""
+        `cached_slots[i]`: the slots of `pool` (a prefix cache's K/V, [layers, slots, 2, Hkv,
+        D]) holding sequence i's first query rows, which it does not compute, or None; the
+        sequences with some come first (gpu_worker/prefix_cache.py)."""
         ...
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T (+ cached query rows), Hkv, D] for the whole batch → [T, Hq, D]."""
+        """q [T, Hq, D], k/v [T, Hkv, D] for the whole batch → [T, Hq, D]."""
         ...
 
 

@@ -7,10 +7,10 @@ query's ids up to its end, so a lookup finds the longest cached prefix of a quer
 when the same query comes back, its first pages when another query starts alike (a rerank
 template's instruction, a history that grew). A sequence with C cached tokens (a hit when C is
 the whole query, else a partial hit) runs without its first C rows: its remaining query rows
-and every item block attend to the cached slots and to their own rows, positions unchanged, so
-it computes what the whole sequence would have at the item rows. The query rows it computes
-are copied into new pages as each layer runs; a later sequence of the same batch already reads
-them (same layer, later in the stream).
+and every item block attend to the cached slots, read in place in the pool, and to their own
+rows, positions unchanged, so it computes what the whole sequence would have at the item rows.
+The query rows it computes are copied into new pages as each layer runs, before that layer's
+attention: any sequence of the same batch already reads them.
 
 Only queries (never item rows) are cached, keyed on their exact token ids: a pool belongs to
 one engine, so model, dtype and precision are fixed. Pages are evicted least-recently used, a
@@ -55,26 +55,28 @@ class PrefixCacheStats:
 
 @dataclass(slots=True)
 class CachePlan:
-    """What one batch does with the cache. `sequences` are the batch's rows as the engine runs
-    them (without their cached query rows); `cached_queries[i]` is (start, length) of sequence
-    i's cached query K/V in the rows `attend` appends after the batch's own, or None."""
+    """What one batch does with the cache. `sequences` are the batch's sequences as the engine
+    runs them: without their cached query rows, and those that read the pool first (an
+    attention backend attends to the pool for one leading run of rows); `order[i]` is the
+    index, in the batch as given, of sequences[i]. `cached_slots[i]` holds the pool slots of
+    sequences[i]'s cached query rows, in query order, or None."""
 
-    sequences: list[PackedSequence]
-    cached_queries: list[tuple[int, int] | None]
+    sequences: list[PackedSequence] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
+    cached_slots: list[array.array | None] = field(default_factory=list)
     insert_rows: list[int] = field(default_factory=list)  # batch rows copied into the pool...
     insert_slots: list[int] = field(default_factory=list)  # ...at these slots
-    gather_slots: list[int] = field(default_factory=list)  # slots appended after the batch rows
     inserted: list[bytes] = field(default_factory=list)  # pages this batch fills
 
     @property
-    def active(self) -> bool:
-        return bool(self.insert_rows or self.gather_slots)
+    def reads(self) -> bool:
+        return bool(self.cached_slots) and self.cached_slots[0] is not None
 
 
 @dataclass(slots=True)
 class _Page:
     ids: bytes  # its own query tokens: checked on every hit (a digest is not a proof)
-    slots: list[int]
+    slots: array.array  # int32, one per token
 
 
 def cached_form(seq: PackedSequence, cached: int) -> PackedSequence:
@@ -92,7 +94,11 @@ def cached_form(seq: PackedSequence, cached: int) -> PackedSequence:
 
 def page_keys(query: list[int], page_tokens: int) -> list[tuple[bytes, bytes]]:
     """(digest, ids) of each page of `query`: the digest chains every id up to the page's end."""
-    pages, digest, raw, step = [], b"", array.array("i", query).tobytes(), 4 * page_tokens
+    return _page_keys(array.array("i", query).tobytes(), page_tokens)
+
+
+def _page_keys(raw: bytes, page_tokens: int) -> list[tuple[bytes, bytes]]:
+    pages, digest, step = [], b"", 4 * page_tokens
     for start in range(0, len(raw), step):
         ids = raw[start:start + step]
         digest = hashlib.blake2b(digest + ids, digest_size=16).digest()
@@ -100,18 +106,25 @@ def page_keys(query: list[int], page_tokens: int) -> list[tuple[bytes, bytes]]:
     return pages
 
 
+# Page keys of this many recent queries are kept: a repeated query (what the cache is for) costs
+# one dict lookup instead of a digest per page (~0.3 ms of the launch path for 2,000 tokens).
+RECENT_QUERIES = 256
+
+
 class PrefixCache:
     def __init__(self, cfg: ModelConfig, capacity_tokens: int, min_tokens: int,
                  page_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
-        # K and V of a slot side by side: one copy per layer moves both (CachedAttention)
+        # K and V of a slot side by side: one copy per layer inserts both (InsertingAttention),
+        # and an attention backend reads the pool in place as one page per slot.
         shape = (cfg.num_hidden_layers, capacity_tokens, 2, cfg.num_key_value_heads, cfg.head_dim)
         self.kv = torch.empty(shape, dtype=dtype, device=device)
         self.capacity = capacity_tokens
         self.min_tokens = min_tokens
         self.page_tokens = page_tokens
-        self.free = list(range(capacity_tokens))
+        self.free = array.array("i", range(capacity_tokens))  # compact: no GC scans it
         self.pages: OrderedDict[bytes, _Page] = OrderedDict()  # digest → page, LRU first
         self.stats = PrefixCacheStats()
+        self._recent_keys: OrderedDict[bytes, list[tuple[bytes, bytes]]] = OrderedDict()
 
     @staticmethod
     def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -123,46 +136,54 @@ class PrefixCache:
     def plan(self, sequences: list[PackedSequence]) -> CachePlan:
         """Look up, insert and evict for one batch (host work only)."""
         used: set[bytes] = set()  # pages this batch reads or writes: never evicted by it
-        gathered: dict[bytes, int] = {}  # deepest cached page → start of the appended rows
-        plan = CachePlan([], [])
-        inserts: list[tuple[int, list[int]]] = []  # (index in plan.sequences, slots)
-        for seq in sequences:
+        # (index in `sequences`, sequence as run, its cached slots, slots for its new pages)
+        readers: list[tuple[int, PackedSequence, array.array, array.array | None]] = []
+        others: list[tuple[int, PackedSequence, None, array.array | None]] = []
+        inserted: list[bytes] = []  # pages this batch fills
+        for index, seq in enumerate(sequences):
             if not self.may_keep(seq):
-                plan.sequences.append(seq)
-                plan.cached_queries.append(None)
+                others.append((index, seq, None, None))
                 continue
-            keys = page_keys(seq.input_ids[: seq.prefix_len], self.page_tokens)
+            keys = self._keys(seq.input_ids[: seq.prefix_len])
             found = 0  # pages cached, from the first
             while found < len(keys) and self._has(*keys[found]):
                 found += 1
-            cached_slots = [slot for digest, _ in keys[:found]
-                            for slot in self.pages[digest].slots]
+            cached = array.array("i")
+            for digest, _ in keys[:found]:
+                cached.extend(self.pages[digest].slots)
             used.update(digest for digest, _ in keys[:found])
             new_slots = self._allocate(keys[found:], used)
-            self._count(seq.prefix_len, len(cached_slots), new_slots is not None)
-            if new_slots is not None:
-                inserts.append((len(plan.sequences), new_slots))
-                plan.inserted.extend(digest for digest, _ in keys[found:])
+            self._count(seq.prefix_len, len(cached), new_slots is not None)
             for digest, _ in reversed(keys[:found] if new_slots is None else keys):
                 self.pages.move_to_end(digest)  # first pages most recent: evicted last
-            if not found:
-                plan.sequences.append(seq)
-                plan.cached_queries.append(None)
-                continue
-            deepest = keys[found - 1][0]
-            if deepest not in gathered:
-                gathered[deepest] = len(plan.gather_slots)
-                plan.gather_slots.extend(cached_slots)
-            plan.sequences.append(cached_form(seq, len(cached_slots)))
-            plan.cached_queries.append((gathered[deepest], len(cached_slots)))
-        starts = [0]
-        for seq in plan.sequences:
-            starts.append(starts[-1] + seq.num_tokens)
-        for index, slots in inserts:  # the query rows a sequence computes come first
-            plan.insert_rows.extend(range(starts[index], starts[index] + len(slots)))
-            plan.insert_slots.extend(slots)
+            if found:
+                readers.append((index, cached_form(seq, len(cached)), cached, new_slots))
+            else:
+                others.append((index, seq, None, new_slots))
+            if new_slots is not None:
+                inserted.extend(digest for digest, _ in keys[found:])
+        plan, row = CachePlan(inserted=inserted), 0
+        for index, seq, cached, new_slots in readers + others:
+            if new_slots:  # the query rows a sequence computes come first
+                plan.insert_rows.extend(range(row, row + len(new_slots)))
+                plan.insert_slots.extend(new_slots)
+            plan.sequences.append(seq)
+            plan.order.append(index)
+            plan.cached_slots.append(cached)
+            row += seq.num_tokens
         self.stats.cached_tokens = self.capacity - len(self.free)
         return plan
+
+    def _keys(self, query: list[int]) -> list[tuple[bytes, bytes]]:
+        raw = array.array("i", query).tobytes()
+        keys = self._recent_keys.get(raw)
+        if keys is None:
+            keys = self._recent_keys[raw] = _page_keys(raw, self.page_tokens)
+            if len(self._recent_keys) > RECENT_QUERIES:
+                self._recent_keys.popitem(last=False)
+        else:
+            self._recent_keys.move_to_end(raw)
+        return keys
 
     def _has(self, digest: bytes, ids: bytes) -> bool:
         page = self.pages.get(digest)
@@ -179,6 +200,14 @@ class PrefixCache:
             self.stats.misses += 1
         self.stats.tokens_reused += cached
 
+    def clear(self) -> None:
+        """Empty, counters at zero (after the start-up warm-up)."""
+        self.free = array.array("i", range(self.capacity))
+        self.pages.clear()
+        self._recent_keys.clear()
+        for name in PrefixCacheStats.__slots__:  # in place: the metrics thread holds it
+            setattr(self.stats, name, 0)
+
     def forget(self, plan: CachePlan) -> None:
         """Drop the pages `plan` was to fill: its batch failed before computing them."""
         for digest in plan.inserted:
@@ -188,7 +217,7 @@ class PrefixCache:
         self.stats.cached_tokens = self.capacity - len(self.free)
 
     def _allocate(self, keys: list[tuple[bytes, bytes]],
-                  used: set[bytes]) -> list[int] | None:
+                  used: set[bytes]) -> array.array | None:
         """Slots for the pages `keys` (all or none, in order), evicting least-recently used
         pages this batch does not use; the pages are in the index when it returns."""
         for digest, _ in keys:  # a page left without its first ones is never read: replace it
@@ -226,26 +255,19 @@ def kv_pair(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.stack([k, v], dim=1)
 
 
-class CachedAttention:
-    """An attention backend with one batch's CachePlan applied to each layer's K/V first: the
-    missed queries' rows are copied into the pool, then the hits' cached rows are appended
-    after the batch's own (where the backend's plan points their blocks). K and V move
-    together, so a layer adds at most four ops (two to insert, two to append): each costs tens
-    of µs of host time on the launch path (docs/ARCHITECTURE.md, "Prefix cache")."""
+class InsertingAttention:
+    """An attention backend that first copies the batch's new query rows into the pool, each
+    layer's before that layer's attention reads the pool (gpu_worker/prefix_cache.py). K and V
+    move together: two ops per layer, each tens of µs of host time on the launch path."""
 
-    def __init__(self, inner, cache: PrefixCache, insert_rows: torch.Tensor,
-                 insert_slots: torch.Tensor, gather_slots: torch.Tensor) -> None:
+    def __init__(self, inner, pool: torch.Tensor, insert_rows: torch.Tensor,
+                 insert_slots: torch.Tensor) -> None:
         self.inner = inner
-        self.cache = cache
+        self.pool = pool
         self.insert_rows, self.insert_slots = insert_rows, insert_slots
-        self.gather_slots = gather_slots
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
-        pool = self.cache.kv[layer]
-        pair = kv_pair(k, v)
-        if len(self.insert_rows):
-            pool.index_copy_(0, self.insert_slots, pair.index_select(0, self.insert_rows))
-        if len(self.gather_slots):
-            k, v = torch.cat([pair, pool.index_select(0, self.gather_slots)]).unbind(1)
+        self.pool[layer].index_copy_(0, self.insert_slots,
+                                     kv_pair(k, v).index_select(0, self.insert_rows))
         return self.inner(q, k, v, layer)

@@ -9,6 +9,8 @@ arguments (each integer and pointer argument is specialized on being 16-divisibl
   (gpu_worker/host_tensors.py), 16-aligned for an even T only: both parities run;
 - FlashInfer builds its modules on the first plan() of multi-item and of plain (empty-query)
   layouts, and the longest sequence sets the largest positions and attention rows.
+- with a prefix cache, a batch that reads it runs FlashInfer's non-causal pass over the pool
+  and the merge of two passes' outputs: more modules built on first use (cached_warm_up_batches).
 Graph buckets are captured at start-up already; the batches here run eagerly, as under load,
 which also grows the memory pools to their working size.
 """
@@ -35,6 +37,18 @@ def warm_up_batches(budget_tokens: int, max_seq_tokens: int) -> list[list[Packed
     batches.append([pack_plain([7] * max_seq_tokens, 0)])
     batches.append(list(_multi_item_batch(max_seq_tokens, max_seq_tokens)))
     return batches
+
+
+def cached_warm_up_batches(budget_tokens: int, max_seq_tokens: int,
+                           min_tokens: int) -> list[list[PackedSequence]]:
+    """A sequence whose query the prefix cache keeps (the shortest it keeps), then a batch of
+    the budget's worth of sequences with that query, which read it. None when no sequence of
+    max_seq_tokens holds such a query and one item."""
+    items = (max_seq_tokens - min_tokens - 1) // (ITEM_TOKENS + 1)
+    if items < 1:
+        return []
+    seq = pack_multi_item([5] * min_tokens, [[6] * ITEM_TOKENS] * min(items, 8), 0)
+    return [[seq], [seq] * max(1, budget_tokens // seq.num_tokens)]
 
 
 def _multi_item_batch(total: int, max_seq_tokens: int) -> Iterator[PackedSequence]:

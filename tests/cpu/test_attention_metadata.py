@@ -4,7 +4,7 @@ host and checked here without a GPU) and the torch backend's mask."""
 
 import random
 
-from gpu_worker.attention_flashinfer import paged_layout
+from gpu_worker.attention_flashinfer import cached_layout, paged_layout
 from gpu_worker.attention_torch import multi_item_mask
 from ranker_contract.packing import pack_multi_item, pack_plain
 
@@ -88,9 +88,10 @@ def test_layout_of_a_batch_past_the_first_row_table_counts_every_row():
 
 def test_rows_with_a_cached_query_prefix_see_what_they_see_in_the_whole_sequence():
     """A sequence whose first C query rows come from the prefix cache (gpu_worker/prefix_cache.py:
-    all of the query, or its first pages) runs without them; their K/V are rows appended after
-    the batch's own. Each row it computes must see exactly what the same row sees in the whole
-    sequence, in both backends."""
+    all of the query, or its first pages) runs without them, first in its batch; its rows see
+    their own rows through the causal layout and the C pool slots through the non-causal pass
+    over the pool (cached_layout). Together each row must see exactly what the same row sees
+    in the whole sequence, in both backends."""
     from gpu_worker.attention_torch import cached_query_mask
     from gpu_worker.prefix_cache import cached_form
 
@@ -101,19 +102,20 @@ def test_rows_with_a_cached_query_prefix_see_what_they_see_in_the_whole_sequence
                                 [[2] * rng.randint(1, 5) for _ in range(rng.randint(1, 4))], D)
         cut = rng.randint(1, whole.prefix_len)  # cached query rows: a prefix, or all of them
         part = cached_form(whole, cut)
-        cache_start = rng.randint(0, 3)  # where they sit among the appended rows
-        total = plain.num_tokens + part.num_tokens
-        by_layout = visible_by_layout(
-            *paged_layout([plain, part], [None, (cache_start, cut)]), total)
+        slots = rng.sample(range(100), cut)  # the pool slots of the cached rows, in query order
+        batch = [part, plain]
+        by_layout = visible_by_layout(*paged_layout(batch), part.num_tokens + plain.num_tokens)
+        qo_indptr, kv_indptr, kv_indices = cached_layout(batch, [slots, None])
+        assert qo_indptr == [0, part.num_tokens]  # one request: every row of `part`, not `plain`
+        assert list(kv_indices[kv_indptr[0]:kv_indptr[1]]) == slots  # seen whole (non-causal)
         whole_mask = multi_item_mask(whole)
         part_mask = cached_query_mask(part, cut)  # columns: the cached rows, then part's rows
         for r in range(part.num_tokens):
             row = r + cut  # the same row in the whole sequence
             if row + 1 in whole.block_ends[1:]:
                 continue  # an item's closing delimiter: nothing reads it
-            cached = {c for c in range(cut) if whole_mask[row, c]}
+            assert all(whole_mask[row, c] for c in range(cut))  # every row sees all C
             own = {c - cut for c in range(cut, whole.num_tokens) if whole_mask[row, c]}
-            assert by_layout[plain.num_tokens + r] == (
-                {total + cache_start + c for c in cached} | {plain.num_tokens + c for c in own})
-            assert {c for c in range(cut) if part_mask[r, c]} == cached
+            assert by_layout[r] == own
+            assert all(part_mask[r, c] for c in range(cut))
             assert {c - cut for c in range(cut, part_mask.shape[1]) if part_mask[r, c]} == own

@@ -82,6 +82,45 @@ def test_one_batch_fills_and_reads_an_entry_among_other_sequences(engines):
     assert (stats.misses, stats.hits, stats.partial_hits, stats.bypasses) == (1, 2, 0, 0)
 
 
+def test_the_sequences_that_read_the_pool_run_first(engines):
+    """An attention backend reads the pool for one leading run of rows (gpu_worker/
+    attention_flashinfer.py): the plan puts the readers first and says where each came from."""
+    make, _ = engines
+    engine = make(4096)
+    rng = random.Random(12)
+    cached = toks(rng, 20)
+    score(engine, [request(rng, cached)])
+    batch = [request(rng, toks(rng, 20)), pack_plain(toks(rng, 5), 0), request(rng, cached),
+             request(rng, toks(rng, 30)), request(rng, cached, items=2)]
+    plan = engine.prefix_cache.plan(batch)
+    assert plan.order == [2, 4, 0, 1, 3]
+    assert [len(s) if s is not None else None for s in plan.cached_slots] == [20, 20, None,
+                                                                              None, None]
+    assert plan.sequences[0].num_tokens == batch[2].num_tokens - 20  # without its query rows
+    assert plan.sequences[2:] == [batch[0], batch[1], batch[3]]
+    # The two misses' query rows are inserted: rows of the batch as run, after the readers.
+    start = plan.sequences[0].num_tokens + plan.sequences[1].num_tokens
+    assert plan.insert_rows == (list(range(start, start + 20))
+                                + list(range(start + batch[0].num_tokens + batch[1].num_tokens,
+                                             start + batch[0].num_tokens + batch[1].num_tokens
+                                             + 30)))
+
+
+def test_clear_empties_the_pool_and_zeroes_the_counters(engines):
+    make, reference = engines
+    engine = make(4096)
+    rng = random.Random(13)
+    query = toks(rng, 30)
+    stats = engine.prefix_cache.stats  # the metrics thread holds this object
+    score(engine, [request(rng, query)] * 2)
+    assert stats.hits == 1 and stats.cached_tokens == 30
+    engine.prefix_cache.clear()
+    assert (stats.hits, stats.misses, stats.cached_tokens) == (0, 0, 0)
+    again = request(rng, query)
+    assert_same(score(engine, [again]), score(reference, [again]), "after clear")
+    assert (stats.hits, stats.misses) == (0, 1)
+
+
 def test_an_empty_item_is_scored_without_the_cache(engines):
     make, reference = engines
     engine = make(4096)

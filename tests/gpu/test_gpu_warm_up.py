@@ -1,5 +1,6 @@
 """After a replica's warm-up (Engine.warm_up), a run of mixed request shapes compiles nothing:
-no Triton kernel variant and no FlashInfer module is built on the request path.
+no Triton kernel variant and no FlashInfer module is built on the request path, with the prefix
+cache off and on (queries recur, so batches hit it).
 
 The run happens in a fresh process (this module run with `python -m`), since Triton's and
 FlashInfer's caches live for the whole process and other tests here would have filled them.
@@ -10,6 +11,8 @@ import random
 import subprocess
 import sys
 
+import pytest
+
 from loadtest import REPO_ROOT
 from loadtest.cold_start import count_flashinfer_builds, counters
 from tests.gpu.conftest import VOCAB
@@ -17,8 +20,10 @@ from tests.gpu.conftest import VOCAB
 SHAPES = [(2000, 20, 50), (20, 50, 20), (0, 1, 4000), (120, 10, 180), (0, 8, 300), (7, 3, 1)]
 
 
-def test_nothing_compiles_after_warm_up(qwen3_path):
-    out = subprocess.run([sys.executable, "-m", "tests.gpu.test_gpu_warm_up", str(qwen3_path)],
+@pytest.mark.parametrize("cache_tokens", [0, 65536])
+def test_nothing_compiles_after_warm_up(qwen3_path, cache_tokens):
+    out = subprocess.run([sys.executable, "-m", "tests.gpu.test_gpu_warm_up", str(qwen3_path),
+                          str(cache_tokens)],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     run = json.loads(out.stdout.strip().splitlines()[-1])
@@ -27,16 +32,22 @@ def test_nothing_compiles_after_warm_up(qwen3_path):
     assert run["batches"] >= 40 and run["tokens"] > 200_000
     assert run["after"]["triton_kernels"] == 0
     assert run["after"]["flashinfer_builds"] == 0
+    if cache_tokens:
+        assert run["hits"] > 0
 
 
 def _mixed_batches(rng: random.Random, budget: int, max_seq_tokens: int):
     from ranker_contract.packing import pack_request
 
+    queries = {shape: [[rng.randrange(VOCAB) for _ in range(shape[0])] for _ in range(3)]
+               for shape in SHAPES}  # three per shape: they recur
+
     def request():
-        query_len, items, item_len = rng.choice(SHAPES)
+        shape = rng.choice(SHAPES)
+        _, items, item_len = shape
         item_lens = [max(1, item_len + rng.randrange(-item_len // 4 - 1, item_len // 4 + 1))
                      for _ in range(items)]
-        return pack_request([rng.randrange(VOCAB) for _ in range(query_len)],
+        return pack_request(rng.choice(queries[shape]),
                             [[rng.randrange(VOCAB) for _ in range(n)] for n in item_lens],
                             item_first=False, delimiter_id=0, max_seq_tokens=max_seq_tokens,
                             max_context=1 << 30)
@@ -52,14 +63,15 @@ def _mixed_batches(rng: random.Random, budget: int, max_seq_tokens: int):
         yield batch, rng.random() < 0.5  # overlapped: eager; else a graph where one fits
 
 
-def main(model_path: str) -> None:
+def main(model_path: str, cache_tokens: int) -> None:
     from gpu_worker.engine import Engine
     from loadtest.configs import shipped_app_config
 
     count_flashinfer_builds()
     app = shipped_app_config("score-gpu.yaml")
     start = counters()
-    engine = Engine.from_config(model_path, app.engine)
+    engine = Engine.from_config(model_path, app.engine.model_copy(
+        update={"prefix_cache_tokens": cache_tokens}))
     budget = engine.measure_budget(app.scheduler.max_batch_tokens, app.limits.max_seq_tokens)
     engine.warm_up(budget.tokens, app.limits.max_seq_tokens)
     warm = counters()
@@ -70,9 +82,10 @@ def main(model_path: str) -> None:
         batches, tokens = batches + 1, tokens + sum(s.num_tokens for s in batch)
     after = counters()
     print(json.dumps({"batches": batches, "tokens": tokens,
+                      "hits": engine.prefix_cache.stats.hits if engine.prefix_cache else 0,
                       "warm_up": {k: warm[k] - start[k] for k in warm},
                       "after": {k: after[k] - warm[k] for k in after}}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]))

@@ -257,6 +257,7 @@ def _prefix_cache(mcfg, cfg: EngineConfig, dtype: torch.dtype,
                 "after the weights: lower it")
     logger.info("prefix cache: %d tokens, %.2f GiB", cfg.prefix_cache_tokens, need / 2**30)
     return PrefixCache(mcfg, cfg.prefix_cache_tokens, cfg.prefix_cache_min_tokens,
+                       cfg.prefix_cache_min_query_share,
                        cfg.prefix_cache_page_tokens, dtype, device)
 
 

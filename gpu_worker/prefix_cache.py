@@ -113,13 +113,15 @@ RECENT_QUERIES = 256
 
 class PrefixCache:
     def __init__(self, cfg: ModelConfig, capacity_tokens: int, min_tokens: int,
-                 page_tokens: int, dtype: torch.dtype, device: torch.device) -> None:
+                 min_share: float, page_tokens: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         # K and V of a slot side by side: one copy per layer inserts both (InsertingAttention),
         # and an attention backend reads the pool in place as one page per slot.
         shape = (cfg.num_hidden_layers, capacity_tokens, 2, cfg.num_key_value_heads, cfg.head_dim)
         self.kv = torch.empty(shape, dtype=dtype, device=device)
         self.capacity = capacity_tokens
         self.min_tokens = min_tokens
+        self.min_share = min_share
         self.page_tokens = page_tokens
         self.free = array.array("i", range(capacity_tokens))  # compact: no GC scans it
         self.pages: OrderedDict[bytes, _Page] = OrderedDict()  # digest → page, LRU first
@@ -131,7 +133,7 @@ class PrefixCache:
         return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
 
     def may_keep(self, seq: PackedSequence) -> bool:
-        return cacheable_query(seq, self.min_tokens)
+        return cacheable_query(seq, self.min_tokens, self.min_share)
 
     def plan(self, sequences: list[PackedSequence]) -> CachePlan:
         """Look up, insert and evict for one batch (host work only)."""

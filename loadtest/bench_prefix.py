@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -55,6 +56,12 @@ def gpu_name() -> str:
 def git_commit() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
+
+
+def serve_env() -> str:
+    """The Serve settings of this machine's environment that a run's figures depend on."""
+    return " ".join(f"{name}={os.environ.get(name, '')}" for name in
+                    ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED"))
 
 
 def config(cache_tokens: int, scorers: int = 1, router: str | None = None) -> dict:
@@ -114,7 +121,8 @@ def run_cache(args: argparse.Namespace, command: str) -> list[dict]:
             finally:
                 stop_service(svc)
             rows.append({"gpu": gpu, "commit": args.commit, "command": command,
-                         "workload": name, "text": args.text, "describe": workload.describe(),
+                         "env": serve_env(), "workload": name, "text": args.text,
+                         "describe": workload.describe(),
                          "cache": cache, "cache_tokens": args.cache_tokens if cache else 0,
                          "items_per_s_at_p99_500ms": best and best["achieved_items_per_s"],
                          "p99_ms": best and best["latency_ms"]["p99"],
@@ -133,7 +141,8 @@ def run_cache(args: argparse.Namespace, command: str) -> list[dict]:
 
 def run_routing(args: argparse.Namespace, command: str) -> dict:
     workload = Workload(**PRESETS["profile"], text=args.text)
-    out = {"gpu": gpu_name(), "commit": args.commit, "command": command, "replicas": 2,
+    out = {"gpu": gpu_name(), "commit": args.commit, "command": command, "env": serve_env(),
+           "replicas": 2,
            "workload": "profile", "rate": args.rate, "seconds": args.seconds,
            "cache_tokens": args.cache_tokens}
     for key, scorers, router in (("hit_rate_affinity", 2, None),

@@ -70,6 +70,10 @@ class EngineConfig(_Settings):
         "'Prefix cache'")
     prefix_cache_min_tokens: int = Field(
         64, gt=0, description="queries shorter than this are never cached (too little to save)")
+    prefix_cache_min_query_share: float = Field(
+        0.2, ge=0.0, le=1.0, description="nor are queries under this share of their sequence's "
+        "tokens: reading the cache costs every item row a second attention pass and a merge, "
+        "more than a short query saves (README 'Prefix cache')")
     prefix_cache_page_tokens: int = Field(
         16, gt=0, description="queries are cached in pages of this many tokens: a query that "
         "starts like a cached one reuses the pages they share")

@@ -162,18 +162,21 @@ def _checked_plain(tokens: list[int], item_index: int, max_seq_tokens: int) -> P
     return pack_plain(tokens, item_index)
 
 
-def cacheable_query(seq: PackedSequence, min_tokens: int) -> bool:
+def cacheable_query(seq: PackedSequence, min_tokens: int, min_share: float) -> bool:
     """Whether a scorer may keep (and reuse) the K/V of `seq`'s query rows: a multi-item
-    sequence whose query has at least `min_tokens` tokens and whose every item scores at an item
-    row (an empty item scores at the query's last row, which a reuse does not compute)."""
+    sequence whose query has at least `min_tokens` tokens and `min_share` of its tokens, and
+    whose every item scores at an item row (an empty item scores at the query's last row, which
+    a reuse does not compute)."""
     return (len(seq.block_ends) > 1 and seq.prefix_len >= min_tokens
+            and seq.prefix_len >= min_share * seq.num_tokens
             and min(seq.score_rows) > seq.prefix_len)
 
 
-def prefix_key(sequences: list[PackedSequence], min_tokens: int) -> str | None:
+def prefix_key(sequences: list[PackedSequence], min_tokens: int,
+               min_share: float) -> str | None:
     """The routing key of a request whose query a scorer would cache: a digest of the query's
     ids, the same in every ingress process (Python's hash() is salted per process)."""
-    if not sequences or not cacheable_query(sequences[0], min_tokens):
+    if not sequences or not cacheable_query(sequences[0], min_tokens, min_share):
         return None
     query = sequences[0].input_ids[: sequences[0].prefix_len]
     return hashlib.blake2b(array.array("i", query).tobytes(), digest_size=8).hexdigest()

@@ -173,9 +173,10 @@ class ScoreIngress:
         self.model_name = config.served_model_name
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
-        # Routing keys only for queries the scorers would cache (0: no cache, no key).
-        self.cached_query_min_tokens = (config.engine.prefix_cache_min_tokens
-                                        if config.engine.prefix_cache_tokens else 0)
+        # Routing keys only for queries the scorers would cache (None: no cache, no key).
+        engine = config.engine
+        self.cacheable = ((engine.prefix_cache_min_tokens, engine.prefix_cache_min_query_share)
+                          if engine.prefix_cache_tokens else None)
         keys = KeyStore(config.auth) if config.auth.enabled else None  # bad keys: start fails
         self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,))
         if keys is not None:
@@ -244,8 +245,7 @@ class ScoreIngress:
         sequences = pack(tokens.prefix, tokens.items, self.limits,  # [] for no items
                          self.max_context, item_first=tokens.item_first, field=route.field)
         packed = time.perf_counter()
-        key = (prefix_key(sequences, self.cached_query_min_tokens)
-               if self.cached_query_min_tokens else None)
+        key = prefix_key(sequences, *self.cacheable) if self.cacheable else None
         job = await self._call_worker(ScoreJob(sequences, tokens.label_ids, key))
         scored = time.perf_counter()
         logprobs = merge_results(sequences, job.results, len(tokens.items))

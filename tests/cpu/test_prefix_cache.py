@@ -14,7 +14,7 @@ import torch
 from gpu_worker.engine import Engine
 from gpu_worker.prefix_cache import kv_pair
 from ranker_contract.config import EngineConfig
-from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
+from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain, prefix_key
 
 LABELS = [3, 17, 100]
 # The multi-item vs one-at-a-time bound of test_multi_item.py: a hit runs the same arithmetic
@@ -119,6 +119,29 @@ def test_clear_empties_the_pool_and_zeroes_the_counters(engines):
     again = request(rng, query)
     assert_same(score(engine, [again]), score(reference, [again]), "after clear")
     assert (stats.hits, stats.misses) == (0, 1)
+
+
+def test_a_query_under_its_share_of_the_sequence_is_computed_and_not_routed(engines):
+    """Reading the pool costs every item row a second attention pass: a query under
+    prefix_cache_min_query_share (0.2 by default) of its sequence is computed, never looked up,
+    and the ingress gives it no routing key."""
+    make, reference = engines
+    engine = make(4096)
+    rng = random.Random(14)
+    query = toks(rng, 10)
+    many = pack_multi_item(query, [toks(rng, 8) for _ in range(8)], 1)  # 10 of 83 tokens
+    few = pack_multi_item(query, [toks(rng, 8) for _ in range(2)], 1)  # 10 of 29 tokens
+    share = EngineConfig().prefix_cache_min_query_share
+    assert 10 / many.num_tokens < share <= 10 / few.num_tokens
+    for _ in range(2):
+        assert_same(score(engine, [many]), score(reference, [many]), "under the share")
+    stats = engine.prefix_cache.stats
+    assert sum(stats.lookups().values()) == 0 and stats.cached_tokens == 0
+    for _ in range(2):
+        assert_same(score(engine, [few]), score(reference, [few]), "over the share")
+    assert (stats.misses, stats.hits) == (1, 1)
+    assert prefix_key([many], MIN_TOKENS, share) is None
+    assert prefix_key([few], MIN_TOKENS, share) == prefix_key([few], MIN_TOKENS, 0.0) is not None
 
 
 def test_an_empty_item_is_scored_without_the_cache(engines):

@@ -28,7 +28,8 @@ BOUNDS = (5e-2, 5e-3)  # max |Δ log-prob|, max |Δ softmax score|
 def cached_engine(fast_engine, tokens=65536, **kwargs) -> Engine:
     return Engine(fast_engine.model, fast_engine.device, EngineConfig(
         device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda",
-        prefix_cache_tokens=tokens, prefix_cache_min_tokens=64, **kwargs))
+        prefix_cache_tokens=tokens, prefix_cache_min_tokens=64,
+        prefix_cache_min_query_share=0.0, **kwargs))  # the pages shape too: exactness
 
 
 def request(rng, query, items, item_len, max_seq_tokens=16384):

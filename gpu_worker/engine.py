@@ -153,7 +153,8 @@ class Engine:
                                     use_cache=False))
         if self.prefix_cache is not None:  # then emptied: warm-up never counts as a hit
             for batch in cached_warm_up_batches(budget_tokens, max_seq_tokens,
-                                                self.prefix_cache.min_tokens):
+                                                self.prefix_cache.min_tokens,
+                                                self.prefix_cache.min_share):
                 self.finish(self.launch(batch, [PROBE_LABEL_IDS] * len(batch), overlapped=True))
             self.prefix_cache.clear()
         logger.info("warm-up batches ran in %.1f s (%d Triton variants compiled)",

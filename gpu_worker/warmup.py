@@ -17,10 +17,17 @@ which also grows the memory pools to their working size.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterator
 
-from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
+from ranker_contract.packing import (
+    PackedSequence,
+    cacheable_query,
+    multi_item_length,
+    pack_multi_item,
+    pack_plain,
+)
 
 QUERY_TOKENS, ITEM_TOKENS = 120, 180  # the bench shape; other shapes differ only in sizes
 
@@ -39,16 +46,23 @@ def warm_up_batches(budget_tokens: int, max_seq_tokens: int) -> list[list[Packed
     return batches
 
 
-def cached_warm_up_batches(budget_tokens: int, max_seq_tokens: int,
-                           min_tokens: int) -> list[list[PackedSequence]]:
-    """A sequence whose query the prefix cache keeps (the shortest it keeps), then a batch of
-    the budget's worth of sequences with that query, which read it. None when no sequence of
-    max_seq_tokens holds such a query and one item."""
-    items = (max_seq_tokens - min_tokens - 1) // (ITEM_TOKENS + 1)
-    if items < 1:
-        return []
-    seq = pack_multi_item([5] * min_tokens, [[6] * ITEM_TOKENS] * min(items, 8), 0)
-    return [[seq], [seq] * max(1, budget_tokens // seq.num_tokens)]
+def cached_warm_up_batches(budget_tokens: int, max_seq_tokens: int, min_tokens: int,
+                           min_share: float) -> list[list[PackedSequence]]:
+    """A sequence whose query the prefix cache keeps (long enough, and a large enough share of
+    the sequence), then a batch of the budget's worth of sequences with that query, which read
+    it. None when no sequence of max_seq_tokens holds such a query and one item."""
+    for items in (8, 1):
+        after_query = multi_item_length(0, [ITEM_TOKENS] * items)  # items and delimiters
+        if min_share >= 1:
+            return []
+        query_len = max(min_tokens, math.ceil(min_share * after_query / (1 - min_share)))
+        seq = pack_multi_item([5] * query_len, [[6] * ITEM_TOKENS] * items, 0)
+        while not cacheable_query(seq, min_tokens, min_share):  # rounding: one more token
+            query_len += 1
+            seq = pack_multi_item([5] * query_len, [[6] * ITEM_TOKENS] * items, 0)
+        if seq.num_tokens <= max_seq_tokens:
+            return [[seq], [seq] * max(1, budget_tokens // seq.num_tokens)]
+    return []
 
 
 def _multi_item_batch(total: int, max_seq_tokens: int) -> Iterator[PackedSequence]:

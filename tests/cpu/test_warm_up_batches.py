@@ -4,7 +4,8 @@ and nothing the scheduler or the ingress would not send."""
 
 import pytest
 
-from gpu_worker.warmup import warm_up_batches
+from gpu_worker.warmup import cached_warm_up_batches, warm_up_batches
+from ranker_contract.packing import cacheable_query
 
 
 @pytest.mark.parametrize("budget, max_seq", [(32768, 16384), (65536, 4096), (4096, 4096),
@@ -25,3 +26,20 @@ def test_batches_cover_every_variant_within_the_limits(budget, max_seq):
     for s in sequences:  # well-formed: positions restart per item block, rows inside
         assert len(s.positions) == s.num_tokens and s.block_ends[-1] == s.num_tokens
         assert all(0 <= r < s.num_tokens for r in s.score_rows)
+
+
+@pytest.mark.parametrize("min_tokens, min_share, max_seq", [
+    (64, 0.2, 16384), (64, 0.0, 16384), (1000, 0.5, 4096), (64, 0.9, 16384), (64, 0.2, 600)])
+def test_the_cache_warm_up_fills_then_reads_a_query_the_cache_keeps(min_tokens, min_share,
+                                                                      max_seq):
+    """With the prefix cache on, the warm-up must run a batch that reads it (the pass over the
+    pool and the merge are built on first use): its query must pass both of the cache's rules."""
+    fill, read = cached_warm_up_batches(32768, max_seq, min_tokens, min_share)
+    (seq,) = fill
+    assert cacheable_query(seq, min_tokens, min_share) and seq.num_tokens <= max_seq
+    assert all(s is seq for s in read) and sum(s.num_tokens for s in read) <= 32768
+
+
+def test_no_cache_warm_up_when_no_query_can_be_kept():
+    assert cached_warm_up_batches(32768, 16384, 64, 1.0) == []  # a query is never all tokens
+    assert cached_warm_up_batches(32768, 300, 400, 0.2) == []  # longer than any sequence

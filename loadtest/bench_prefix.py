@@ -16,8 +16,8 @@ fixed rate: the hit rate with the prefix-affinity router, with Serve's default r
 `engine`: no HTTP, any device: the engine of --config with the cache off and on (one model),
 --batch requests per launch, off and on interleaved batch by batch; records items/s of each,
 their ratio, and the largest score difference between them (prefix_engine.json). With --batch
-above 1 every batch launches as the overlapped loop's would (eagerly): an idle batch that fits
-a CUDA graph replays it and leaves the cache alone.
+above 1 every batch launches as the overlapped loop's would (eagerly); with 1, as an idle one
+(a graph where it fits, unless its query is cacheable).
 Results in --out-dir (default docs/results/prefix_h100/); prints one line per run.
 """
 

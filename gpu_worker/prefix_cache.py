@@ -92,12 +92,9 @@ def cached_form(seq: PackedSequence, cached: int) -> PackedSequence:
     )
 
 
-def page_keys(query: list[int], page_tokens: int) -> list[tuple[bytes, bytes]]:
-    """(digest, ids) of each page of `query`: the digest chains every id up to the page's end."""
-    return _page_keys(array.array("i", query).tobytes(), page_tokens)
-
-
-def _page_keys(raw: bytes, page_tokens: int) -> list[tuple[bytes, bytes]]:
+def page_keys(raw: bytes, page_tokens: int) -> list[tuple[bytes, bytes]]:
+    """(digest, ids) of each page of a query given as int32 bytes: the digest chains every id up
+    to the page's end."""
     pages, digest, step = [], b"", 4 * page_tokens
     for start in range(0, len(raw), step):
         ids = raw[start:start + step]
@@ -180,7 +177,7 @@ class PrefixCache:
         raw = array.array("i", query).tobytes()
         keys = self._recent_keys.get(raw)
         if keys is None:
-            keys = self._recent_keys[raw] = _page_keys(raw, self.page_tokens)
+            keys = self._recent_keys[raw] = page_keys(raw, self.page_tokens)
             if len(self._recent_keys) > RECENT_QUERIES:
                 self._recent_keys.popitem(last=False)
         else:

@@ -50,11 +50,11 @@ def cached_warm_up_batches(budget_tokens: int, max_seq_tokens: int, min_tokens: 
                            min_share: float) -> list[list[PackedSequence]]:
     """A sequence whose query the prefix cache keeps (long enough, and a large enough share of
     the sequence), then a batch of the budget's worth of sequences with that query, which read
-    it. None when no sequence of max_seq_tokens holds such a query and one item."""
+    it. Empty when no sequence of max_seq_tokens holds such a query and one item."""
+    if min_share >= 1:  # no multi-item query is all of its sequence
+        return []
     for items in (8, 1):
         after_query = multi_item_length(0, [ITEM_TOKENS] * items)  # items and delimiters
-        if min_share >= 1:
-            return []
         query_len = max(min_tokens, math.ceil(min_share * after_query / (1 - min_share)))
         seq = pack_multi_item([5] * query_len, [[6] * ITEM_TOKENS] * items, 0)
         while not cacheable_query(seq, min_tokens, min_share):  # rounding: one more token

@@ -196,9 +196,8 @@ class Engine:
         host = padded_int64_tensor(list(zip(lists, sizes)), pin=on_cuda)  # one copy for all
         dev = host.to(self.device, non_blocking=True)
         ids, pos, rows, label_rows_dev, label_ids_dev, insert_rows, insert_slots = dev.split(sizes)
-        plan_tensors = (self.attention.plan(sequences, self.dtype, self.prefix_cache.kv,
-                                            cache.cached_slots) if cache and cache.reads
-                        else self.attention.plan(sequences, self.dtype))
+        plan_tensors = self.attention.plan(
+            sequences, self.dtype, *((self.prefix_cache.kv, cache.cached_slots) if cache else ()))
         attend = (InsertingAttention(self.attention, self.prefix_cache.kv, insert_rows,
                                      insert_slots) if cache and cache.insert_rows
                   else self.attention)

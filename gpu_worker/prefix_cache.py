@@ -68,10 +68,6 @@ class CachePlan:
     insert_slots: list[int] = field(default_factory=list)  # ...at these slots
     inserted: list[bytes] = field(default_factory=list)  # pages this batch fills
 
-    @property
-    def reads(self) -> bool:
-        return bool(self.cached_slots) and self.cached_slots[0] is not None
-
 
 @dataclass(slots=True)
 class _Page:

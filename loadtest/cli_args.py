@@ -74,8 +74,11 @@ def _rate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="measured seconds per rate")
     p.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before it")
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="inter-arrival times")
-    p.add_argument("--clients", type=int, default=1, help="client processes sharing the rate "
-                   "(one Python client tops out near 1,000 req/s; loadtest/client_pool.py)")
+    p.add_argument("--clients", type=int, default=0, help="client processes sharing the rate "
+                   "(loadtest/client_pool.py); 0: one per 100 req/s offered, which a process "
+                   "sends on time; a point whose requests left late says CLIENT BEHIND")
+    p.add_argument("--metrics-url", help="the Ray node's Prometheus URL ('auto': the newest "
+                   "local session): each point gets the scorer replicas' balance")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,14 +29,14 @@ def _ready() -> bool:
 
 
 def _client(base_url: str, workload: Workload, offsets: list[float], seed: str, rate: float,
-            timeout_s: float, start: float) -> list[tuple[float, float, float, str]]:
+            timeout_s: float, start: float) -> list[tuple]:
     async def go() -> list[Outcome]:
         async with make_session() as session:
             factory = RequestFactory(workload, seed, rate)  # repeats stay within one client
             return await send_schedule(session, base_url, offsets, factory,
                                        timeout_s=timeout_s, start=start)
 
-    return [(o.intended, o.sent, o.done, o.kind) for o in asyncio.run(go())]
+    return [(o.intended, o.sent, o.done, o.kind, o.stages) for o in asyncio.run(go())]
 
 
 def run_processes(base_url: str, workload: Workload, rate: float, horizon_s: float, arrival: str,

@@ -14,7 +14,7 @@ import os
 import aiohttp
 from tqdm import tqdm
 
-from loadtest.stats import OK, Outcome
+from loadtest.stats import OK, Outcome, parse_server_timing
 from loadtest.workload import RequestFactory
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -33,25 +33,30 @@ def make_session(headers: dict[str, str] | None = None) -> aiohttp.ClientSession
 
 
 async def send_one(session: aiohttp.ClientSession, url: str, body: bytes, n_items: int,
-                   timeout_s: float, result_key: str = "scores") -> str:
-    """POST one body; returns "ok" or the failure kind (status code, "timeout", ...)."""
+                   timeout_s: float, result_key: str = "scores"
+                   ) -> tuple[str, dict[str, float] | None]:
+    """POST one body; returns "ok" or the failure kind (status code, "timeout", ...), and the
+    response's Server-Timing stages (None without a response or header)."""
+    stages = None
     try:
         async with session.post(url, data=body, headers=JSON_HEADERS,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             payload = await resp.read()
+            stages = parse_server_timing(resp.headers.get("Server-Timing"))
             if resp.status != 200:
-                return str(resp.status)
+                return str(resp.status), stages
             doc = json.loads(payload)
             scores = doc.get(result_key) if isinstance(doc, dict) else None
-            return OK if isinstance(scores, list) and len(scores) == n_items else "bad_response"
+            ok = isinstance(scores, list) and len(scores) == n_items
+            return (OK if ok else "bad_response"), stages
     except TimeoutError:  # before OSError: TimeoutError is one (and aiohttp's timeouts are too)
-        return "timeout"
+        return "timeout", stages
     except (aiohttp.ClientConnectionError, OSError):
-        return "connection"
+        return "connection", stages
     except aiohttp.ClientError:
-        return "client_error"
+        return "client_error", stages
     except ValueError:  # undecodable JSON
-        return "bad_response"
+        return "bad_response", stages
 
 
 async def send_schedule(session: aiohttp.ClientSession, base_url: str, offsets: list[float],
@@ -70,8 +75,8 @@ async def send_schedule(session: aiohttp.ClientSession, base_url: str, offsets: 
     async def one(intended: float, body: bytes) -> None:
         nonlocal failed
         sent = loop.time() - t0
-        kind = await send_one(session, url, body, n_items, timeout_s, key)
-        outcomes.append(Outcome(intended, sent, loop.time() - t0, kind))
+        kind, stages = await send_one(session, url, body, n_items, timeout_s, key)
+        outcomes.append(Outcome(intended, sent, loop.time() - t0, kind, stages))
         failed += kind != OK
         bar.update(1)
         if kind != OK or len(outcomes) % 25 == 0:

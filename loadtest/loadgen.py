@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -45,8 +46,15 @@ from tqdm import tqdm
 
 from loadtest import REPO_ROOT, RESULTS_DIR
 from loadtest.cli_args import build_parser, workload_from_args
-from loadtest.client_pool import run_processes
+from loadtest.client_pool import START_MARGIN_S, run_processes
 from loadtest.http_client import make_session, send_one, send_schedule
+from loadtest.prom import (
+    ServiceSample,
+    find_metrics_url,
+    scorer_balance,
+    scrape,
+    service_sample,
+)
 from loadtest.stats import OK, Outcome, aggregate, passes, pick_best, summarize_ms
 from loadtest.workload import RequestFactory, Workload, arrival_offsets
 
@@ -61,26 +69,70 @@ class RateConfig:
     arrival: str = "poisson"
     timeout_s: float = 30.0
     seed: int | str = 0
-    clients: int = 1  # client processes (loadtest/client_pool.py); 1 = this event loop
+    # client processes (loadtest/client_pool.py); 1 = this event loop; 0 = one per CLIENT_RPS
+    clients: int = 0
+    metrics_url: str | None = None  # Prometheus: the scorer replicas' balance per point
+
+
+# What one client process offers on time with bench bodies (text ones cost the most to make);
+# past it a process falls behind its schedule and its lag counts as latency.
+CLIENT_RPS = 100.0
+BALANCE_SAMPLE_S = 0.5
+
+
+def client_processes(cfg: RateConfig) -> int:
+    return cfg.clients or max(1, math.ceil(cfg.rate / CLIENT_RPS))
 
 
 async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Workload,
                    cfg: RateConfig, *, progress: bool = True) -> tuple[dict, list[Outcome]]:
-    """Offer `cfg.rate` requests/s open-loop; returns (stats point, every request's outcome)."""
+    """Offer `cfg.rate` requests/s open-loop; returns (stats point, every request's outcome).
+    With `cfg.metrics_url`, the point also holds the scorer replicas' balance (`scorers`),
+    sampled over the measured window."""
     horizon = cfg.warmup_s + cfg.duration_s
-    if cfg.clients > 1:
+    clients = client_processes(cfg)
+    sampler = BalanceSampler(cfg.metrics_url) if cfg.metrics_url else None
+    loop = asyncio.get_running_loop()
+    if clients > 1:
+        measured_from = loop.time() + START_MARGIN_S + cfg.warmup_s
+        sampling = sampler and asyncio.create_task(sampler.run(measured_from, cfg.duration_s))
         outcomes = await asyncio.to_thread(run_processes, base_url, workload, cfg.rate, horizon,
-                                           cfg.arrival, cfg.seed, cfg.timeout_s, cfg.clients)
-        return aggregate(outcomes, warmup_s=cfg.warmup_s, duration_s=cfg.duration_s,
-                         items_per_request=workload.items, offered_rps=cfg.rate), outcomes
-    offsets = arrival_offsets(cfg.arrival, cfg.rate, horizon, cfg.seed)
-    factory = RequestFactory(workload, cfg.seed, cfg.rate)
-    outcomes = await send_schedule(session, base_url, offsets, factory,
-                                   timeout_s=cfg.timeout_s, desc=f"{cfg.rate:g} req/s",
-                                   progress=progress)
+                                           cfg.arrival, cfg.seed, cfg.timeout_s, clients)
+    else:
+        measured_from = loop.time() + cfg.warmup_s
+        sampling = sampler and asyncio.create_task(sampler.run(measured_from, cfg.duration_s))
+        offsets = arrival_offsets(cfg.arrival, cfg.rate, horizon, cfg.seed)
+        factory = RequestFactory(workload, cfg.seed, cfg.rate)
+        outcomes = await send_schedule(session, base_url, offsets, factory,
+                                       timeout_s=cfg.timeout_s, desc=f"{cfg.rate:g} req/s",
+                                       progress=progress)
     point = aggregate(outcomes, warmup_s=cfg.warmup_s, duration_s=cfg.duration_s,
                       items_per_request=workload.items, offered_rps=cfg.rate)
+    point["client_processes"] = clients
+    if sampling:
+        point["scorers"] = scorer_balance(await sampling)
     return point, outcomes
+
+
+class BalanceSampler:
+    """Scrapes the scorer replicas' queues every BALANCE_SAMPLE_S within a measured window."""
+
+    def __init__(self, metrics_url: str) -> None:
+        self.metrics_url = metrics_url
+
+    async def run(self, measured_from: float, duration_s: float) -> list[ServiceSample]:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, measured_from - loop.time()))
+        until = measured_from + duration_s
+        samples = []
+        while loop.time() < until:
+            try:
+                samples.append(service_sample(await asyncio.to_thread(scrape,
+                                                                      self.metrics_url)))
+            except OSError:  # a missed scrape leaves a gap, not a failed run
+                pass
+            await asyncio.sleep(BALANCE_SAMPLE_S)
+        return samples
 
 
 async def run_closed_loop(session: aiohttp.ClientSession, base_url: str, workload: Workload,
@@ -99,9 +151,9 @@ async def run_closed_loop(session: aiohttp.ClientSession, base_url: str, workloa
         while not stop.is_set():
             body = factory.next_bytes()
             sent = loop.time() - t0
-            kind = await send_one(session, url, body, workload.items, timeout_s,
-                                  workload.result_key)
-            outcomes.append(Outcome(sent, sent, loop.time() - t0, kind))
+            kind, stages = await send_one(session, url, body, workload.items, timeout_s,
+                                          workload.result_key)
+            outcomes.append(Outcome(sent, sent, loop.time() - t0, kind, stages))
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
     outcomes.sort(key=lambda o: o.intended)
@@ -191,7 +243,8 @@ async def run_single(session: aiohttp.ClientSession, base_url: str, workload: Wo
                   disable=not progress, leave=False, dynamic_ncols=True):
         body = factory.next_bytes()
         start = time.perf_counter()
-        kind = await send_one(session, url, body, workload.items, timeout_s, workload.result_key)
+        kind, _ = await send_one(session, url, body, workload.items, timeout_s,
+                                 workload.result_key)
         elapsed = time.perf_counter() - start
         if i < warmup_requests:
             continue
@@ -208,9 +261,16 @@ def format_point(p: dict) -> str:
     lat = p["latency_ms"]
     ms = " ".join(f"{k} {lat[k]:.1f}" if lat[k] is not None else f"{k} -"
                   for k in ("p50", "p90", "p99", "max"))
-    return (f"offered {p['offered_rps']:.2f} req/s ({p['offered_items_per_s']:.1f} items/s) | "
+    line = (f"offered {p['offered_rps']:.2f} req/s ({p['offered_items_per_s']:.1f} items/s) | "
             f"achieved {p['achieved_rps']:.2f} req/s ({p['achieved_items_per_s']:.1f} items/s) | "
             f"ok {p['successes']} failed {p['failed']} {p['failures'] or ''}| ms {ms}")
+    balance = p.get("scorers", {}).get("imbalance_queued_tokens")
+    if balance is not None:
+        line += f" | scorer imbalance {balance:.2f}"
+    if p.get("behind_schedule"):
+        line += (f" | CLIENT BEHIND: {100 * (1 - p['on_time_share']):.1f}% sent late; "
+                 "add --clients")
+    return line
 
 
 async def _service_info(session: aiohttp.ClientSession, base_url: str) -> str | None:
@@ -258,7 +318,8 @@ async def _main(args: argparse.Namespace, argv: list[str]) -> dict:
                   f"p50 {lat['p50']} p99 {lat['p99']} max {lat['max']} ms")
             return out
         cfg = RateConfig(getattr(args, "rate", 0.0), args.duration, args.warmup, args.arrival,
-                         args.timeout, args.seed, args.clients)
+                         args.timeout, args.seed, args.clients,
+                         find_metrics_url() if args.metrics_url == "auto" else args.metrics_url)
         out["config"] = asdict(cfg)
         if args.command in ("sweep", "overload"):
             del out["config"]["rate"]

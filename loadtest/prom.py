@@ -43,6 +43,8 @@ class ServiceSample:
     target_replicas: int | None = None  # what the autoscaler asks for
     queued_tokens: float = 0.0  # summed over replicas
     inflight_tokens: float = 0.0
+    queued_by_replica: dict[str, float] = field(default_factory=dict)  # per replica id
+    inflight_by_replica: dict[str, float] = field(default_factory=dict)
     items_scored: dict[str, float] = field(default_factory=dict)  # per replica id
     dropped: float = 0.0  # sequences dropped because their caller went away
     rejected: float = 0.0  # requests refused by a full token queue
@@ -57,10 +59,13 @@ def service_sample(samples: list[tuple[str, dict[str, str], float]],
         if name == "ray_serve_autoscaling_target_replicas":
             out.target_replicas = int(value)
         elif name == "ray_ranker_queue_tokens":
+            replica = labels.get("replica", "")
             if labels.get("state") == "queued":
                 out.queued_tokens += value
+                out.queued_by_replica[replica] = value
             else:
                 out.inflight_tokens += value
+                out.inflight_by_replica[replica] = value
         elif name == "ray_ranker_items_scored_total":
             out.items_scored[labels.get("replica", "")] = value
         elif name == "ray_ranker_sequences_dropped_total":
@@ -68,3 +73,33 @@ def service_sample(samples: list[tuple[str, dict[str, str], float]],
         elif name == "ray_ranker_requests_rejected_total":
             out.rejected += value
     return out
+
+
+def imbalance(per_replica: dict[str, float]) -> float | None:
+    """max ÷ mean over replicas (1.0: even); None without replicas or load."""
+    if not per_replica:
+        return None
+    mean = sum(per_replica.values()) / len(per_replica)
+    return round(max(per_replica.values()) / mean, 3) if mean > 0 else None
+
+
+def scorer_balance(samples: list[ServiceSample]) -> dict:
+    """How evenly the scorer replicas were loaded over `samples` (one scrape each): per replica
+    its mean queued tokens and mean outstanding (queued + running) tokens over the samples, and
+    the items it scored between the first and last sample; each imbalance is max ÷ mean of one
+    of these across the replicas seen in every sample."""
+    if not samples:
+        return {"samples": 0}
+    replicas = set.intersection(*(set(s.queued_by_replica) for s in samples))
+    queued = {r: sum(s.queued_by_replica[r] for s in samples) / len(samples) for r in replicas}
+    outstanding = {r: queued[r] + sum(s.inflight_by_replica.get(r, 0.0) for s in samples)
+                   / len(samples) for r in replicas}
+    first, last = samples[0].items_scored, samples[-1].items_scored
+    items = {r: last.get(r, 0.0) - first.get(r, 0.0) for r in replicas}
+    return {"samples": len(samples), "replicas": len(replicas),
+            "queued_tokens_mean": {r: round(v) for r, v in sorted(queued.items())},
+            "outstanding_tokens_mean": {r: round(v) for r, v in sorted(outstanding.items())},
+            "items_scored": {r: round(v) for r, v in sorted(items.items())},
+            "imbalance_queued_tokens": imbalance(queued),
+            "imbalance_outstanding_tokens": imbalance(outstanding),
+            "imbalance_items": imbalance(items)}

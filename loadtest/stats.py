@@ -8,6 +8,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 OK = "ok"
+# A request sent more than this after its scheduled time counts as late: the client, not the
+# service, fell behind its schedule.
+ON_TIME_S = 0.010
+ON_TIME_SHARE_MIN = 0.99  # below it a point is flagged `behind_schedule`
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,13 +20,32 @@ class Outcome:
 
     intended: scheduled send time; sent: when it was actually handed to the client;
     done: when the response was read (or the error seen); kind: "ok", an HTTP status code as a
-    string ("503"), "timeout", "connection", "bad_response" or "client_error".
+    string ("503"), "timeout", "connection", "bad_response" or "client_error"; stages: the
+    response's Server-Timing durations in ms by name (serve_app/ingress.py), None without one.
     """
 
     intended: float
     sent: float
     done: float
     kind: str
+    stages: dict[str, float] | None = None
+
+
+def parse_server_timing(header: str | None) -> dict[str, float] | None:
+    """`name;dur=1.23, other;dur=4` -> {"name": 1.23, "other": 4.0}; None when absent."""
+    if not header:
+        return None
+    stages = {}
+    for entry in header.split(","):
+        name, _, params = entry.strip().partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur":
+                try:
+                    stages[name] = float(value)
+                except ValueError:
+                    pass
+    return stages or None
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -86,7 +109,32 @@ def aggregate(outcomes: Sequence[Outcome], *, warmup_s: float, duration_s: float
         "refusal_latency_ms": summarize_ms(o.done - o.intended for o in measured
                                            if o.kind == "503"),
         "send_lag_ms": summarize_ms((o.sent - o.intended for o in measured), pcts=(50, 99)),
+        **schedule_keeping(measured),
+        **where_time_went(ok),
     }
+
+
+def schedule_keeping(measured: Sequence[Outcome]) -> dict:
+    """Did the client keep its schedule? `sent_rps` counts what left the client on time."""
+    on_time = sum(1 for o in measured if o.sent - o.intended <= ON_TIME_S)
+    share = on_time / len(measured) if measured else None
+    return {"on_time_share": _round(share),
+            "behind_schedule": share is not None and share < ON_TIME_SHARE_MIN}
+
+
+def where_time_went(ok: Sequence[Outcome]) -> dict:
+    """Per Server-Timing stage, its p50/p99/mean over the successes that carry one; `outside`
+    is the client's latency minus the ingress's own time: the front door, the network and the
+    client itself."""
+    timed = [o for o in ok if o.stages]
+    names = sorted({name for o in timed for name in o.stages})
+    stages = {name: summarize_ms((o.stages[name] / 1e3 for o in timed if name in o.stages),
+                                 pcts=(50, 99)) for name in names}
+    if timed and "ingress" in names:
+        stages["outside"] = summarize_ms(
+            (max(0.0, o.done - o.intended - o.stages["ingress"] / 1e3) for o in timed
+             if "ingress" in o.stages), pcts=(50, 99))
+    return {"stages_ms": stages}
 
 
 def passes(point: dict, p99_bound_ms: float) -> bool:

@@ -11,7 +11,16 @@ import pytest
 
 from loadtest import loadgen, ramp
 from loadtest.http_client import API_KEY_ENV
-from loadtest.stats import Outcome, aggregate, passes, percentile, pick_best, summarize_ms
+from loadtest.prom import ServiceSample, imbalance, scorer_balance
+from loadtest.stats import (
+    Outcome,
+    aggregate,
+    parse_server_timing,
+    passes,
+    percentile,
+    pick_best,
+    summarize_ms,
+)
 from loadtest.workload import PRESETS, RequestFactory, Workload, arrival_offsets
 
 # SmolLM2-135M: vocabulary 49152, " Yes"/" No"-like labels; a tiny workload so CPU keeps up.
@@ -20,7 +29,8 @@ SMOL = ["--vocab", "49152", "--labels", "10539,5230", "--query-len", "16", "--it
 POINT_FIELDS = {"offered_rps", "offered_items_per_s", "scheduled_rps", "achieved_rps",
                 "achieved_items_per_s", "window_s", "sent", "warmup_requests",
                 "measured_requests", "successes", "failed", "failures", "latency_ms",
-                "refusal_latency_ms", "send_lag_ms"}
+                "refusal_latency_ms", "send_lag_ms", "on_time_share", "behind_schedule",
+                "stages_ms"}
 LATENCY_FIELDS = {"p50", "p90", "p99", "max", "mean"}
 
 
@@ -61,6 +71,47 @@ def test_aggregate_window_failures_and_throughput():
     # completed successes in [1, 3): the ones done at 1.2, 1.1 and 1.8
     assert (p["achieved_rps"], p["achieved_items_per_s"]) == (1.5, 15.0)
     assert not passes(p, 10_000)  # failures disqualify
+    assert p["on_time_share"] == 1.0 and not p["behind_schedule"]  # 2 ms late is on time
+    assert p["stages_ms"] == {}  # no response carried Server-Timing
+
+
+def test_a_client_behind_its_schedule_is_flagged():
+    # 100 measured requests, 2 of them sent 50 ms late: 98% on time, under the 99% floor
+    outcomes = [Outcome(1 + i / 100, 1 + i / 100 + (0.05 if i < 2 else 0.001), 1.5 + i / 100,
+                        "ok") for i in range(100)]
+    p = aggregate(outcomes, warmup_s=1.0, duration_s=1.0, items_per_request=1, offered_rps=100)
+    assert p["on_time_share"] == 0.98 and p["behind_schedule"]
+    assert "CLIENT BEHIND: 2.0% sent late" in loadgen.format_point(p)
+
+
+def test_server_timing_stages_and_the_time_outside_the_ingress():
+    header = "parse;dur=0.50, tokenize;dur=2.00, queue;dur=30.00, ingress;dur=40.00"
+    assert parse_server_timing(header) == {"parse": 0.5, "tokenize": 2.0, "queue": 30.0,
+                                           "ingress": 40.0}
+    assert parse_server_timing(None) is None and parse_server_timing("x;desc=y") is None
+    stages = parse_server_timing(header)
+    # client latencies 100 and 60 ms, of which the ingress took 40: 60 and 20 ms outside it
+    outcomes = [Outcome(1.0, 1.0, 1.1, "ok", stages), Outcome(1.2, 1.2, 1.26, "ok", stages),
+                Outcome(1.3, 1.3, 1.4, "503", stages)]  # a refusal is not timed
+    p = aggregate(outcomes, warmup_s=1.0, duration_s=1.0, items_per_request=1, offered_rps=3)
+    assert p["stages_ms"]["queue"]["p50"] == 30.0
+    assert p["stages_ms"]["outside"]["p50"] == pytest.approx(20.0, abs=1e-6)
+    assert p["stages_ms"]["outside"]["p99"] == pytest.approx(60.0, abs=1e-6)
+
+
+def test_scorer_balance_from_per_replica_samples():
+    def sample(a_queued, b_queued, a_items, b_items):
+        return ServiceSample(queued_by_replica={"a": a_queued, "b": b_queued},
+                             inflight_by_replica={"a": 1000.0, "b": 1000.0},
+                             items_scored={"a": a_items, "b": b_items})
+
+    balance = scorer_balance([sample(3000, 1000, 0, 0), sample(1000, 1000, 60, 40)])
+    # mean queued a 2000, b 1000: max 2000 / mean 1500; outstanding 3000 / 2000 -> 3000 / 2500
+    assert balance["imbalance_queued_tokens"] == pytest.approx(1.333, abs=1e-3)
+    assert balance["imbalance_outstanding_tokens"] == pytest.approx(1.2, abs=1e-3)
+    assert balance["imbalance_items"] == pytest.approx(1.2, abs=1e-3)  # 60 / 50
+    assert scorer_balance([])["samples"] == 0
+    assert imbalance({"a": 0.0, "b": 0.0}) is None  # no load: no ratio
 
 
 def test_pick_best_respects_bound_and_failures():
@@ -243,6 +294,13 @@ def test_sweep_from_two_client_processes_sends_the_same_schedule(server_url, tmp
     assert (point["sent"], point["warmup_requests"], point["measured_requests"]) == (8, 2, 6)
     assert (point["successes"], point["failed"]) == (6, 0)
     assert point["send_lag_ms"]["p99"] < 1000  # both processes sent near their times
+    assert point["client_processes"] == 2
+
+
+def test_client_processes_follow_the_offered_rate():
+    assert loadgen.client_processes(loadgen.RateConfig(rate=50)) == 1
+    assert loadgen.client_processes(loadgen.RateConfig(rate=450)) == 5
+    assert loadgen.client_processes(loadgen.RateConfig(rate=450, clients=2)) == 2
 
 
 def test_single_smoke(server_url, tmp_path):

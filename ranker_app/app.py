@@ -16,7 +16,10 @@ PREPARE_COMMAND = "python scripts/prepare_model.py  (or: bash scripts/setup.sh)"
 
 
 def build_app(args: AppConfig) -> Application:
+    from ray.serve.config import RequestRouterConfig
+
     from gpu_worker.deployment import ScoreWorker
+    from ranker_app.scorer_router import ScorerRouter
     from serve_app.ingress import ScoreIngress
 
     model_path = args.resolved_model_path()
@@ -30,11 +33,7 @@ def build_app(args: AppConfig) -> Application:
         load_keys(args.auth)
     config = args.model_copy(update={"model_path": str(model_path)})
     logger.info("building score app: %s", config)
-    worker = ScoreWorker
-    if config.engine.prefix_cache_tokens:  # repeats of a query to the replica that holds it
-        from ray.serve.config import RequestRouterConfig
-
-        from ranker_app.prefix_router import PrefixAffinityRouter
-        worker = ScoreWorker.options(request_router_config=RequestRouterConfig(
-            request_router_class=PrefixAffinityRouter))
+    # By outstanding tokens, and repeats of a cached query to the replica that holds it.
+    worker = ScoreWorker.options(request_router_config=RequestRouterConfig(
+        request_router_class=ScorerRouter))
     return ScoreIngress.bind(worker.bind(config), config)

@@ -189,7 +189,7 @@ class ScoreJob:
     sequences: list[PackedSequence]
     label_ids: list[int]
     # Set when a scorer would cache the query: the request router sends equal keys to the
-    # same replica (ranker_app/prefix_router.py).
+    # same replica (ranker_app/scorer_router.py).
     prefix_key: str | None = None
 
 

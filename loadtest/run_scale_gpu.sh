@@ -29,6 +29,15 @@ for run in "$@"; do
   if [ "$mode" = auto ]; then
     python3 -m loadtest.ramp --phases "$arg" --query-len 120 --items 10 --item-len 180 \
       --vocab 151643 --out "$out/ramp_gpu.json" --plot "$out/ramp_gpu.png" | tail -3
+    sleep 75  # past downscale_delay_s (60): the second replica drains and stops
+    python3 - "$out" <<'PY'
+import json, sys
+from loadtest.prom import find_metrics_url, scrape, service_sample
+s = service_sample(scrape(find_metrics_url()))
+print("after the ramp + 75 s: target replicas", s.target_replicas)
+r = json.load(open(f"{sys.argv[1]}/ramp_gpu.json")); r["target_replicas_75s_after"] = s.target_replicas
+json.dump(r, open(f"{sys.argv[1]}/ramp_gpu.json", "w"), indent=1)
+PY
   else
     python3 -m loadtest.loadgen sweep --rates "$arg" --duration 15 --warmup 3 --p99-ms 500 \
       --text natural --vocab 151643 --metrics-url auto --no-progress \

@@ -6,7 +6,8 @@
   python -m loadtest.loadgen overload --capacity-rps 240 [--multiples 1,1.2,1.5,3]
   python -m loadtest.loadgen single [--requests 200 --items 10 --item-len 300 --query-len 0]
   (any command: [--text repeat|natural] sends strings instead of token ids; with --rerank, to
-  /v1/rerank as {query, documents}; [--clients N] spreads the load over N processes)
+  /v1/rerank as {query, documents}; [--clients N] spreads the load over N processes, by default
+  one per 100 req/s; [--metrics-url auto] adds the scorer replicas' balance to each point)
 
 Open loop: send times are drawn up front (Poisson or constant arrivals at the offered rate) and
 each request is sent at its time whatever the state of earlier ones; a response is never awaited
@@ -24,7 +25,10 @@ loadtest/stats.py::aggregate. JSON written by --out:
 where a point is {"offered_rps", "offered_items_per_s", "scheduled_rps", "achieved_rps",
 "achieved_items_per_s", "window_s", "sent", "warmup_requests", "measured_requests", "successes",
 "failed", "failures": {"503" | "timeout" | "connection" | ...: count}, "latency_ms": {"p50",
-"p90", "p99", "max", "mean"}, "refusal_latency_ms": {...} (503s), "send_lag_ms": {...}}
+"p90", "p99", "max", "mean"}, "refusal_latency_ms": {...} (503s), "send_lag_ms": {...},
+"on_time_share", "behind_schedule" (the client fell behind its schedule), "stages_ms": {stage:
+{...}} (Server-Timing, + "outside": the time outside the ingress), "client_processes",
+"scorers": loadtest/prom.py::scorer_balance (with --metrics-url)}
 (+ "passed" in a sweep, "multiple" in an overload run).
 """
 

@@ -102,4 +102,7 @@ def scorer_balance(samples: list[ServiceSample]) -> dict:
             "items_scored": {r: round(v) for r, v in sorted(items.items())},
             "imbalance_queued_tokens": imbalance(queued),
             "imbalance_outstanding_tokens": imbalance(outstanding),
-            "imbalance_items": imbalance(items)}
+            "imbalance_items": imbalance(items),
+            # per sample, each replica's queued tokens: the queue depth over time
+            "queued_tokens_timeline": [{r: round(s.queued_by_replica[r]) for r in sorted(replicas)}
+                                       for s in samples]}

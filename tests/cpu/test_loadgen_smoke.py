@@ -110,6 +110,7 @@ def test_scorer_balance_from_per_replica_samples():
     assert balance["imbalance_queued_tokens"] == pytest.approx(1.333, abs=1e-3)
     assert balance["imbalance_outstanding_tokens"] == pytest.approx(1.2, abs=1e-3)
     assert balance["imbalance_items"] == pytest.approx(1.2, abs=1e-3)  # 60 / 50
+    assert balance["queued_tokens_timeline"] == [{"a": 3000, "b": 1000}, {"a": 1000, "b": 1000}]
     assert scorer_balance([])["samples"] == 0
     assert imbalance({"a": 0.0, "b": 0.0}) is None  # no load: no ratio
 

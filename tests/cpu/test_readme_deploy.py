@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from loadtest.service import free_port
+from tests.cpu.processes import kill_all
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 
@@ -109,13 +110,7 @@ class ReadmeCluster:
         return list(ours.values())
 
     def close(self) -> list[int]:
-        procs = self.processes()
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=30)
+        kill_all(self.processes())
         shutil.rmtree(self.root, ignore_errors=True)
         return [p.pid for p in self.processes()]
 

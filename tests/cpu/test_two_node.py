@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from loadtest.service import deployment, free_port, small_model_config
+from tests.cpu.processes import kill_all
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 
@@ -94,12 +95,7 @@ class TwoNodeCluster:
         """SIGKILL every process of one node: the node is lost as if its machine went away."""
         procs = self.processes(name)
         self.killed.extend(procs)
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=30)
+        kill_all(procs)
         self.nodes[name].wait(timeout=30)
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -60,14 +60,7 @@ def classifier_from_label_rows(lm: CausalLMForScoring, yes_id: int,
 
 
 def rerank_label_ids(folder: str | Path, prompt: RerankPrompt) -> tuple[int, int]:
-    """The template's yes and no labels as token ids of the folder's tokenizer: one token each,
-    as the ingress checks them (serve_app/rerank.py)."""
+    """The template's yes and no labels as token ids of the folder's tokenizer, one token each,
+    resolved as the ingress resolves them (RerankPrompt.label_ids)."""
     tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
-    ids = []
-    for name, label in (("yes_label", prompt.yes_label), ("no_label", prompt.no_label)):
-        tokens = tokenizer.encode(label, add_special_tokens=False).ids if label else []
-        if len(tokens) != 1:
-            raise ValueError(f"rerank {name} {label!r} is {len(tokens)} tokens {tokens}: "
-                             "rerank.classifier_from_labels needs one token each")
-        ids.append(tokens[0])
-    return ids[0], ids[1]
+    return prompt.label_ids(lambda label: tokenizer.encode(label, add_special_tokens=False).ids)

@@ -2,7 +2,7 @@
 
 A small thread publishes them from the scheduler's counters every PUBLISH_INTERVAL_S, so the
 scheduling loop itself never calls into the metrics library. Every counter series exists from
-start-up at 0, for the reason given in serve_app/metrics.py (Prometheus takes a series' first
+start-up at 0, for the reason given in ranker_contract/metrics.py (Prometheus takes a series' first
 sample as its baseline).
 """
 
@@ -15,6 +15,7 @@ from ray.serve.metrics import Counter, Gauge, Histogram
 
 from gpu_worker.prefix_cache import PrefixCacheStats
 from gpu_worker.scheduler import Scheduler
+from ranker_contract.metrics import declare_at_zero
 
 PUBLISH_INTERVAL_S = 0.5
 TOKEN_BUCKETS = [256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
@@ -27,12 +28,6 @@ BATCH_ERROR_TYPES = ("OutOfMemoryError", "AcceleratorError", "RuntimeError", "ot
 
 
 CACHE_RESULTS = tuple(PrefixCacheStats().lookups())  # the result labels of the lookups
-
-
-def declare_at_zero(counter: Counter, tags: dict[str, str] | None = None) -> None:
-    """Create the series `tags` of `counter` at 0 (why this way: serve_app/metrics.py, a twin
-    the scorer cannot import)."""
-    counter._record(0, tags=tags)
 
 
 def add_growth(counter: Counter, now: int, seen: int, tags: dict[str, str] | None = None) -> None:

@@ -15,6 +15,7 @@ AppConfig (the annotation of ranker_app.app.build_app); each side reads its part
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -138,6 +139,22 @@ class RerankPrompt(_Settings):
         if self.yes_label is not None and self.yes_label == self.no_label:
             raise ValueError("rerank yes_label and no_label must differ")
         return self
+
+    def label_ids(self, encode: Callable[[str], list[int]]) -> tuple[int, int]:
+        """The yes and no labels as token ids of a model, `encode` being its tokenizer (no
+        special tokens); each label must be exactly one token. The ingress and the scorer
+        (classifier_from_labels) both resolve them here, so they agree."""
+        if self.yes_label is None or self.no_label is None:
+            raise ValueError("rerank.prompt.yes_label and no_label are required on a causal LM: "
+                             "its relevance is P(yes) / (P(yes) + P(no))")
+        ids = []
+        for name, label in (("yes_label", self.yes_label), ("no_label", self.no_label)):
+            tokens = encode(label)
+            if len(tokens) != 1:
+                raise ValueError(f"rerank {name} {label!r} is {len(tokens)} tokens {tokens} in "
+                                 "this model's vocabulary; a label must be exactly one token")
+            ids.append(tokens[0])
+        return ids[0], ids[1]
 
 
 # The Qwen3-Reranker model card's format (a chat: system, user, assistant with an empty think).

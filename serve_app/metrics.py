@@ -1,8 +1,7 @@
 """Prometheus metrics of an ingress replica (ray.serve.metrics adds application/deployment/replica).
 
 Every counter series for a label value known in advance exists from start-up, at 0
-(`declare_at_zero`): Prometheus's rate() and increase() take a series' first sample as its
-baseline, so a series born at its first increment would never show that increment.
+(ranker_contract/metrics.py says why).
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from collections.abc import Iterable
 
 from ray.serve.metrics import Counter, Histogram
 
+from ranker_contract.metrics import declare_at_zero
 from serve_app.auth import NO_KEY
 from serve_app.protocol import ApiError
 
@@ -29,17 +29,6 @@ CANCELLED_TYPE = "Cancelled"
 # Every error a route answers: the ApiError statuses the ingress raises, and the cancellation.
 ERRORS = tuple((str(status), ApiError(status, "").kind)
                for status in (400, 401, 413, 500, 503)) + ((str(CANCELLED_STATUS), CANCELLED_TYPE),)
-
-
-def declare_at_zero(counter: Counter, tags: dict[str, str] | None = None) -> None:
-    """Create the series `tags` of `counter` with the value 0.
-
-    NOTE: Counter.inc(0) raises (ray.util.metrics.Counter.inc allows only values > 0), but
-    inc() itself ends in Metric._record(value, tags), which merges the default tags (replica,
-    deployment, application), checks the tag keys and adds `value` to the OpenTelemetry counter;
-    adding 0 there exports the series at 0 (checked by scripts/check_dashboard.py).
-    """
-    counter._record(0, tags=tags)
 
 
 class IngressMetrics:

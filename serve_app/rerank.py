@@ -73,11 +73,7 @@ class RerankPrompter:
         self.label_ids: list[int] | None = None
         if not label_tokens:
             return
-        if prompt.yes_label is None or prompt.no_label is None:
-            raise ValueError("rerank.prompt.yes_label and no_label are required on a causal LM: "
-                             "its relevance is P(yes) / (P(yes) + P(no))")
-        self.label_ids = [_single_token(tokenizer, prompt.yes_label, "yes_label"),
-                          _single_token(tokenizer, prompt.no_label, "no_label")]
+        self.label_ids = list(prompt.label_ids(lambda label: tokenizer.encode_items([label])[0]))
 
     def render_prefix(self, query: str, instruction: str) -> tuple[str, str]:
         """(prefix text, spaces that start every document).
@@ -109,14 +105,6 @@ class RerankPrompter:
                     items[k] = doc[:req.max_tokens_per_doc] + self.suffix_ids
                     truncated += 1
         return prefix_ids, items, truncated
-
-
-def _single_token(tokenizer: TextTokenizer, label: str, name: str) -> int:
-    ids = tokenizer.encode_items([label])[0]
-    if len(ids) != 1:
-        raise ValueError(f"rerank {name} {label!r} is {len(ids)} tokens {ids} in this model's "
-                         "vocabulary; a label must be exactly one token")
-    return ids[0]
 
 
 def relevance(yes_no_logprobs: list[float]) -> float:

@@ -99,6 +99,17 @@ def test_labels_must_be_one_token_each(default_model_path):
         rerank_label_ids(default_model_path, prompt)
 
 
+def test_the_ingress_and_the_scorer_resolve_the_same_label_ids(default_model_path):
+    from serve_app.rerank import RerankPrompter
+    from serve_app.tokenizer import TextTokenizer
+
+    prompter = RerankPrompter(PROMPT, TextTokenizer(default_model_path))
+    assert prompter.label_ids == list(rerank_label_ids(default_model_path, PROMPT))
+    with pytest.raises(ValueError, match="yes_label 'yes indeed' is 2 tokens"):
+        RerankPrompter(PROMPT.model_copy(update={"yes_label": "yes indeed"}),
+                       TextTokenizer(default_model_path))
+
+
 def test_the_setting_needs_a_template_with_labels():
     custom = RerankPrompt(prefix="{query}", suffix="")
     with pytest.raises(ValueError, match="classifier_from_labels needs"):

@@ -5,6 +5,7 @@
     ├── limits     Limits           what one request may be (ingress; max_seq_tokens: both sides)
     ├── engine     EngineConfig     how a scorer replica computes (device, dtype, kernels)
     ├── scheduler  SchedulerConfig  how a scorer replica batches and admits work
+    ├── admission  AdmissionConfig  how many requests the ingress admits per running scorer
     ├── rerank     RerankConfig     the prompt template of /v1/rerank and /v2/rerank (ingress;
     │                               the scorer too for classifier_from_labels)
     └── auth       AuthConfig       where the API keys are, when callers need one (ingress)
@@ -112,6 +113,14 @@ class SchedulerConfig(_Settings):
                                    "0 = no limit")
     max_queue_wait_s: float = Field(0, ge=0, description="a sequence not launched this long after "
                                     "it arrived is answered 503, never computed late; 0 = no bound")
+
+
+class AdmissionConfig(_Settings):
+    requests_per_scorer: int = Field(
+        0, ge=0, description="requests the ingress replicas together hold per RUNNING scorer "
+        "replica; each ingress replica admits its share, ceil(this × scorers ÷ ingress "
+        "replicas), and answers one more 503 before reading it; it follows the autoscaler "
+        "within a second. 0 = off: only the ingress deployment's max_ongoing_requests")
 
 
 class RerankPrompt(_Settings):
@@ -247,6 +256,7 @@ class AppConfig(_Settings):
     limits: Limits = Limits()
     engine: EngineConfig = EngineConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     rerank: RerankConfig = RerankConfig()
     auth: AuthConfig = AuthConfig()
 

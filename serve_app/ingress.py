@@ -18,6 +18,7 @@ from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import ScoredJob, ScoreJob, merge_results, prefix_key
+from serve_app.admission import Admission, ReplicaCounts
 from serve_app.auth import KEY_ID_SCOPE, NO_KEY, REFUSED_KEY, KeyStore, RequireApiKey, require_keys
 from serve_app.docs_page import add_offline_docs
 from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, ROUTES, IngressMetrics
@@ -104,30 +105,48 @@ def _no_scorer(reason: str) -> ApiError:
 
 
 class ScorerWatch:
-    """Whether Serve's controller counts a RUNNING replica of the scorer deployment; asked only
-    while a job waits, and at most once per SCORER_CHECK_S for all of this replica's jobs."""
+    """How many replicas of the scorer and of this ingress deployment Serve's controller counts
+    RUNNING (`counts`); asked at most once per SCORER_CHECK_S for all of this replica's requests:
+    while a job waits (`any_running`), and in the background while requests come (`refresh_soon`)
+    so that admission follows the scorers."""
 
-    def __init__(self, worker: DeploymentHandle) -> None:
+    def __init__(self, worker: DeploymentHandle, ingress_deployment: str) -> None:
         self.app, self.deployment = worker.app_name, worker.deployment_name
+        self.ingress_deployment = ingress_deployment
+        self.counts = ReplicaCounts()  # updated in place: Admission reads the same object
+        self._known = True  # the last ask was answered
         self._lock = asyncio.Lock()
         self._asked = float("-inf")
-        self._running = True
+        self._refreshing: asyncio.Task | None = None
 
     async def any_running(self) -> bool:
+        await self._refresh()
+        return self.counts.scorers > 0 or not self._known  # never refuse on a guess
+
+    def refresh_soon(self) -> None:
+        """Ask again in the background if the last answer is older than SCORER_CHECK_S."""
+        stale = time.monotonic() - self._asked >= SCORER_CHECK_S
+        if stale and (self._refreshing is None or self._refreshing.done()):
+            self._refreshing = asyncio.ensure_future(self._refresh())
+
+    async def _refresh(self) -> None:
         async with self._lock:
             if time.monotonic() - self._asked >= SCORER_CHECK_S:
-                self._running = await asyncio.to_thread(self._ask)
+                counts = await asyncio.to_thread(self._ask)
+                self._known = counts is not None
+                if counts is not None:
+                    self.counts.scorers, self.counts.ingresses = counts.scorers, counts.ingresses
                 self._asked = time.monotonic()
-            return self._running
 
-    def _ask(self) -> bool:
+    def _ask(self) -> ReplicaCounts | None:
         try:  # serve.status() is a blocking call to the controller: run in a thread
-            states = (serve.status().applications[self.app].deployments[self.deployment]
-                      .replica_states)
-        except Exception:  # noqa: BLE001 - not known: keep waiting, never refuse on a guess
-            logger.warning("could not read the scorer's replica states", exc_info=True)
-            return True
-        return states.get("RUNNING", 0) > 0
+            deployments = serve.status().applications[self.app].deployments
+            return ReplicaCounts(
+                scorers=deployments[self.deployment].replica_states.get("RUNNING", 0),
+                ingresses=deployments[self.ingress_deployment].replica_states.get("RUNNING", 0))
+        except Exception:  # noqa: BLE001 - not known: keep the last counts
+            logger.warning("could not read the replica states", exc_info=True)
+            return None
 
 
 async def _answer(response: DeploymentResponse, scorers: ScorerWatch):
@@ -182,7 +201,9 @@ class ScoreIngress:
         if keys is not None:
             keys.on_reload = self.metrics.declare_keys
         require_keys(keys, self._refused)
-        self.scorers = ScorerWatch(worker)
+        self.scorers = ScorerWatch(worker, serve.get_replica_context().deployment)
+        self.admission = (Admission(config.admission.requests_per_scorer, self.scorers.counts)
+                          if config.admission.requests_per_scorer else None)
         if config.rerank.classifier_from_labels:  # as the scorer loads it (gpu_worker/heads.py)
             model = model.with_label_head()
         self.score_route = ScoreRoute(self.limits, model.vocab_size, tokenizer, self.model_name,
@@ -216,7 +237,9 @@ class ScoreIngress:
         """Request, error and latency metrics around one route's pipeline, tagged with `path`."""
         started = time.perf_counter()
         status, error_type = 500, "InternalServerError"
+        admitted = False
         try:
+            admitted = self._admit()
             response = await self._pipeline(route, request, started)
             status, error_type = response.status_code, None
             return response
@@ -227,8 +250,20 @@ class ScoreIngress:
             status, error_type = CANCELLED_STATUS, CANCELLED_TYPE
             raise
         finally:
+            if admitted:
+                self.admission.leave()
             self.metrics.answered(path, status, time.perf_counter() - started, error_type,
                                   key=request.scope.get(KEY_ID_SCOPE, NO_KEY))
+
+    def _admit(self) -> bool:
+        """True when this request holds an admission slot (to leave); False with admission off;
+        a 503 past this replica's share of the running scorers' (serve_app/admission.py)."""
+        if self.admission is None:
+            return False
+        self.scorers.refresh_soon()
+        if not self.admission.try_enter():
+            raise _at_capacity(1, "admission")
+        return True
 
     def _refused(self, path: str) -> None:
         # Counted for the scoring routes only: an unknown path must not become a label value.

@@ -271,11 +271,14 @@ def test_scaling_variants_run_the_shipped_ingress_per_scorer(mode, scorers, tmp_
     from loadtest.configs import shipped_yaml
     from loadtest.scale_config import variant
 
-    shipped = shipped_yaml("score-gpu.yaml")
-    ingress = next(d for d in shipped["applications"][0]["deployments"]
-                   if d["name"] == "ScoreIngress")
+    shipped = {d["name"]: d for d in shipped_yaml("score-gpu.yaml")["applications"][0]
+               ["deployments"]}
+    ingress = shipped["ScoreIngress"]
+    per_scorer = (ingress["num_replicas"]
+                  / shipped["ScoreWorker"]["autoscaling_config"]["max_replicas"])
+    assert per_scorer == 2
     deployments = {d["name"]: d for d in variant(mode)["applications"][0]["deployments"]}
-    assert deployments["ScoreIngress"]["num_replicas"] == scorers * ingress["num_replicas"]
+    assert deployments["ScoreIngress"]["num_replicas"] == scorers * per_scorer
     assert deployments["ScoreIngress"]["max_ongoing_requests"] == ingress["max_ongoing_requests"]
     worker = deployments["ScoreWorker"]
     if mode == "auto":

@@ -76,6 +76,8 @@ REPLICA_LOST_BACKOFF_S = 0.25
 # timeout, where the client should get a 503 at once.
 SCORER_CHECK_S = 1.0
 
+INGRESS_DEPLOYMENT = "ScoreIngress"  # this class's deployment: Serve names it after the class
+
 DEFAULT_OPTIONS = {
     "max_ongoing_requests": 256,
     "ray_actor_options": {"num_cpus": 0.5},
@@ -201,7 +203,7 @@ class ScoreIngress:
         if keys is not None:
             keys.on_reload = self.metrics.declare_keys
         require_keys(keys, self._refused)
-        self.scorers = ScorerWatch(worker, serve.get_replica_context().deployment)
+        self.scorers = ScorerWatch(worker, INGRESS_DEPLOYMENT)
         self.admission = (Admission(config.admission.requests_per_scorer, self.scorers.counts)
                           if config.admission.requests_per_scorer else None)
         if config.rerank.classifier_from_labels:  # as the scorer loads it (gpu_worker/heads.py)

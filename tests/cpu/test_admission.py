@@ -123,3 +123,9 @@ def test_a_served_ingress_refuses_past_its_share_before_any_work(small_model):
         assert httpx.post(f"{svc.url}/v1/score", json=body, timeout=60).status_code == 200
     finally:
         tooling.stop_service(svc)
+
+
+def test_the_watch_asks_for_the_ingress_deployment_by_its_name():
+    from serve_app.ingress import INGRESS_DEPLOYMENT
+
+    assert ScoreIngress.name == INGRESS_DEPLOYMENT

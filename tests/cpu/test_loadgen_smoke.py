@@ -240,7 +240,9 @@ def test_run_smoke(server_url, tmp_path):
     assert doc["config"]["rate"] == 3.0 and doc["config"]["arrival"] == "poisson"
     assert doc["workload"]["tokens_per_request"] == 16 + 3 * 8
     r = doc["result"]
-    assert set(r) == POINT_FIELDS
+    assert set(r) == POINT_FIELDS | {"client_processes"}  # a run adds how it sent the load
+    assert r["client_processes"] == 1  # 3 req/s: one process
+    assert r["stages_ms"]["ingress"]["p50"] > 0  # the service's Server-Timing was read
     assert r["measured_requests"] > 0 and r["sent"] == r["warmup_requests"] + r["measured_requests"]
     assert r["failed"] == 0 and r["failures"] == {}
     assert r["successes"] == r["measured_requests"]

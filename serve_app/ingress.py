@@ -165,6 +165,14 @@ async def _answer(response: DeploymentResponse, scorers: ScorerWatch):
         if not waiting.done():  # refused, or our own request was cancelled
             response.cancel()
             waiting.cancel()
+            # Serve then fails it with RequestCancelledError: expected, so read and dropped
+            # here rather than logged as "Task exception was never retrieved".
+            waiting.add_done_callback(_drop_outcome)
+
+
+def _drop_outcome(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _server_timing(started: float, parsed: float, tokenized: float, packed: float,

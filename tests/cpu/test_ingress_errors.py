@@ -2,6 +2,7 @@
 times)."""
 
 import asyncio
+import gc
 import pickle
 from types import SimpleNamespace
 
@@ -180,3 +181,36 @@ def test_failed_scorer_deployment_is_a_503():
     err = _error(DeploymentUnavailableError(DeploymentID(name="ScoreWorker", app_name="score")))
     assert err.status == 503 and err.headers == {"Retry-After": "1"}
     assert "the scorer deployment failed" in err.message
+
+
+def test_a_request_cancelled_while_it_waits_leaves_no_unretrieved_exception():
+    """A client that gives up cancels its request; Serve then fails the scorer call with
+    RequestCancelledError. That is normal traffic: nothing may be logged as "Task exception was
+    never retrieved" for it."""
+    from ray.serve.exceptions import RequestCancelledError
+
+    class _FailsWhenCancelled(_Pending):
+        async def _wait(self):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise RequestCancelledError("the caller went away") from None
+
+    reported = []
+
+    async def go():
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        handle = _PendingHandle(after_s=None)
+        handle.response = _FailsWhenCancelled(None)
+        call = asyncio.ensure_future(ScoreIngress.func_or_class._call_worker(
+            _ingress(handle), ScoreJob([pack_plain([1, 2], 0)], [5])))
+        await asyncio.sleep(0.05)
+        call.cancel()  # the client went away
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await asyncio.sleep(0.05)
+        gc.collect()  # an unretrieved exception is reported when its task is collected
+        await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert not reported, reported

@@ -8,8 +8,9 @@ that start the service and make models for tests. Its scripts run as `python -m 
   observability  prom (reads a node's metrics), prometheus_server (runs a Prometheus),
                  ray_dashboard (the dashboard behind token authentication); the checks built on
                  them are the CLIs scripts/check_dashboard.py and scripts/screenshot_dashboard.py
-  service        configs (the shipped YAML), scale_config, scale_summary, service (`serve run` for tests and
-                 checks), random_model (seeded random HF folders; CLI scripts/make_random_model.py)
+  service        configs (the shipped YAML), scale_config and scale_summary (run_scale_gpu.sh),
+                 service (`serve run` for tests and checks), random_model (seeded random HF
+                 folders; CLI scripts/make_random_model.py)
 Layers (tests/cpu/test_config.py): loadtest imports the product packages, never scripts or tests.
 """
 

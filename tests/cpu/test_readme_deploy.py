@@ -123,6 +123,8 @@ def deployment_states(status_stdout: str) -> dict[str, str]:
 
 def test_the_readme_deploy_block_runs_as_printed():
     head, scorer, client = commands_by_section(readme_block())
+    written = REPO / "my-score.yaml"  # the config the block writes, as a user would
+    existed = written.exists()
     cluster = ReadmeCluster()
     try:
         def ok(exports, command, node):
@@ -159,6 +161,8 @@ def test_the_readme_deploy_block_runs_as_printed():
         assert all(0.0 <= p <= 1.0 for row in answer["scores"] for p in row), answer
     finally:
         left = cluster.close()
+        if not existed:
+            written.unlink(missing_ok=True)
     assert not left, f"processes of the test's nodes still running: {left}"
 
 

@@ -95,16 +95,16 @@ async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Work
     sampled over the measured window."""
     horizon = cfg.warmup_s + cfg.duration_s
     clients = client_processes(cfg)
-    sampler = BalanceSampler(cfg.metrics_url) if cfg.metrics_url else None
-    loop = asyncio.get_running_loop()
+    # Client processes start sending START_MARGIN_S after they are launched.
+    measured_from = (asyncio.get_running_loop().time() + cfg.warmup_s
+                     + (START_MARGIN_S if clients > 1 else 0.0))
+    sampling = (asyncio.create_task(sample_balance(cfg.metrics_url, measured_from,
+                                                   cfg.duration_s))
+                if cfg.metrics_url else None)
     if clients > 1:
-        measured_from = loop.time() + START_MARGIN_S + cfg.warmup_s
-        sampling = sampler and asyncio.create_task(sampler.run(measured_from, cfg.duration_s))
         outcomes = await asyncio.to_thread(run_processes, base_url, workload, cfg.rate, horizon,
                                            cfg.arrival, cfg.seed, cfg.timeout_s, clients)
     else:
-        measured_from = loop.time() + cfg.warmup_s
-        sampling = sampler and asyncio.create_task(sampler.run(measured_from, cfg.duration_s))
         offsets = arrival_offsets(cfg.arrival, cfg.rate, horizon, cfg.seed)
         factory = RequestFactory(workload, cfg.seed, cfg.rate)
         outcomes = await send_schedule(session, base_url, offsets, factory,
@@ -118,25 +118,20 @@ async def run_rate(session: aiohttp.ClientSession, base_url: str, workload: Work
     return point, outcomes
 
 
-class BalanceSampler:
-    """Scrapes the scorer replicas' queues every BALANCE_SAMPLE_S within a measured window."""
-
-    def __init__(self, metrics_url: str) -> None:
-        self.metrics_url = metrics_url
-
-    async def run(self, measured_from: float, duration_s: float) -> list[ServiceSample]:
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(max(0.0, measured_from - loop.time()))
-        until = measured_from + duration_s
-        samples = []
-        while loop.time() < until:
-            try:
-                samples.append(service_sample(await asyncio.to_thread(scrape,
-                                                                      self.metrics_url)))
-            except OSError:  # a missed scrape leaves a gap, not a failed run
-                pass
-            await asyncio.sleep(BALANCE_SAMPLE_S)
-        return samples
+async def sample_balance(metrics_url: str, measured_from: float,
+                         duration_s: float) -> list[ServiceSample]:
+    """The scorer replicas' queues, scraped every BALANCE_SAMPLE_S within the measured window
+    (`measured_from`, a loop time, for `duration_s`)."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, measured_from - loop.time()))
+    samples = []
+    while loop.time() < measured_from + duration_s:
+        try:
+            samples.append(service_sample(await asyncio.to_thread(scrape, metrics_url)))
+        except OSError:  # a missed scrape leaves a gap, not a failed run
+            pass
+        await asyncio.sleep(BALANCE_SAMPLE_S)
+    return samples
 
 
 async def run_closed_loop(session: aiohttp.ClientSession, base_url: str, workload: Workload,

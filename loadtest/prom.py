@@ -41,13 +41,19 @@ class ServiceSample:
     """The scorer deployment's state in one scrape."""
 
     target_replicas: int | None = None  # what the autoscaler asks for
-    queued_tokens: float = 0.0  # summed over replicas
-    inflight_tokens: float = 0.0
-    queued_by_replica: dict[str, float] = field(default_factory=dict)  # per replica id
+    queued_by_replica: dict[str, float] = field(default_factory=dict)  # tokens, per replica id
     inflight_by_replica: dict[str, float] = field(default_factory=dict)
     items_scored: dict[str, float] = field(default_factory=dict)  # per replica id
     dropped: float = 0.0  # sequences dropped because their caller went away
     rejected: float = 0.0  # requests refused by a full token queue
+
+    @property
+    def queued_tokens(self) -> float:  # summed over replicas
+        return sum(self.queued_by_replica.values())
+
+    @property
+    def inflight_tokens(self) -> float:
+        return sum(self.inflight_by_replica.values())
 
 
 def service_sample(samples: list[tuple[str, dict[str, str], float]],
@@ -59,13 +65,9 @@ def service_sample(samples: list[tuple[str, dict[str, str], float]],
         if name == "ray_serve_autoscaling_target_replicas":
             out.target_replicas = int(value)
         elif name == "ray_ranker_queue_tokens":
-            replica = labels.get("replica", "")
-            if labels.get("state") == "queued":
-                out.queued_tokens += value
-                out.queued_by_replica[replica] = value
-            else:
-                out.inflight_tokens += value
-                out.inflight_by_replica[replica] = value
+            by_replica = (out.queued_by_replica if labels.get("state") == "queued"
+                          else out.inflight_by_replica)
+            by_replica[labels.get("replica", "")] = value
         elif name == "ray_ranker_items_scored_total":
             out.items_scored[labels.get("replica", "")] = value
         elif name == "ray_ranker_sequences_dropped_total":

@@ -115,7 +115,8 @@ def aggregate(outcomes: Sequence[Outcome], *, warmup_s: float, duration_s: float
 
 
 def schedule_keeping(measured: Sequence[Outcome]) -> dict:
-    """Did the client keep its schedule? `sent_rps` counts what left the client on time."""
+    """Did the client keep its schedule: the share of requests sent within ON_TIME_S of their
+    scheduled time, and whether it is under ON_TIME_SHARE_MIN."""
     on_time = sum(1 for o in measured if o.sent - o.intended <= ON_TIME_S)
     share = on_time / len(measured) if measured else None
     return {"on_time_share": _round(share),

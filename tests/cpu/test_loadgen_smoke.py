@@ -105,6 +105,8 @@ def test_scorer_balance_from_per_replica_samples():
                              inflight_by_replica={"a": 1000.0, "b": 1000.0},
                              items_scored={"a": a_items, "b": b_items})
 
+    assert (sample(3000, 1000, 0, 0).queued_tokens, sample(3000, 1000, 0, 0).inflight_tokens) \
+        == (4000, 2000)  # summed over the replicas
     balance = scorer_balance([sample(3000, 1000, 0, 0), sample(1000, 1000, 60, 40)])
     # mean queued a 2000, b 1000: max 2000 / mean 1500; outstanding 3000 / 2000 -> 3000 / 2500
     assert balance["imbalance_queued_tokens"] == pytest.approx(1.333, abs=1e-3)

@@ -1,21 +1,11 @@
-"""Tooling over the service: load generation, benchmarks, observability readers and the helpers
-that start the service and make models for tests. Its scripts run as `python -m loadtest.NAME`.
+"""Benchmarks of the engine and the service, and the GPU harnesses that run them. Each Python
+script runs as `python -m loadtest.NAME` (its docstring says how); the shell harnesses
+(gpu_checks.sh, run_e2e_gpu.sh, run_scale_gpu.sh; gpu_service.sh is sourced by the last two)
+run from the repo root on a GPU machine and state at their top what they need.
 
-  load           workload, stats, http_client (the open-loop sender), client_pool, cli_args,
-                 loadgen, ramp, timing_probe, bench_rerank, plot, plot_timeline
-  engine         bench_engine, bench_cpu_engine, engine_latency, profile_engine, replica_start,
-                 hf_baseline
-  observability  prom (reads a node's metrics), prometheus_server (runs a Prometheus),
-                 ray_dashboard (the dashboard behind token authentication); the checks built on
-                 them are the CLIs scripts/check_dashboard.py and scripts/screenshot_dashboard.py
-  service        configs (the shipped YAML), scale_config and scale_summary (run_scale_gpu.sh),
-                 service (`serve run` for tests and checks), random_model (seeded random HF
-                 folders; CLI scripts/make_random_model.py)
-Layers (tests/cpu/test_config.py): loadtest imports the product packages, never scripts or tests.
+  engine   bench_engine (offline GPU throughput, ablations), engine_latency, hf_baseline
+  service  bench_prefix (the prefix cache and its routing), scale_config and scale_summary
+           (run_scale_gpu.sh)
+The load generator, the fidelity tool and the other user-facing tools are in tools/.
+Layers (tests/cpu/test_config.py): loadtest imports the product packages and tools, never tests.
 """
-
-from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "docs" / "results"  # committed results live beside the docs citing them
-DEFAULT_MODEL = REPO_ROOT / "models" / "smollm2-135m-instruct"  # configs/score.yaml's model_path

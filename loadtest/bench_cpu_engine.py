@@ -4,7 +4,7 @@ Usage: python -m loadtest.bench_cpu_engine [--requests 20] [--threads N] [--mode
 
 The engine is built from configs/score.yaml (model, device, dtype) as the service builds it;
 --threads overrides engine.torch_threads, --model the model folder. Workload per request
-(loadtest/workload.py, seeded): a query of --query-len random token ids and --items items of
+(tools/workload.py, seeded): a query of --query-len random token ids and --items items of
 --item-len tokens, scored for the labels "Yes"/"No" (SmolLM2 ids). Compared in one process, same
 model folder and dtype (HF baseline: loadtest/hf_baseline.py):
 - engine: each request as one packed sequence `Q D I_1 ... D I_n D`, one request per launch;
@@ -32,12 +32,12 @@ import torch  # noqa: E402 - after HF_HUB_OFFLINE
 from tqdm import tqdm  # noqa: E402
 
 from gpu_worker.engine import Engine  # noqa: E402
-from loadtest import REPO_ROOT, RESULTS_DIR  # noqa: E402
-from loadtest.cli_args import add_engine_bench_args  # noqa: E402
-from loadtest.configs import shipped_app_config  # noqa: E402
 from loadtest.hf_baseline import HFBaseline  # noqa: E402
-from loadtest.workload import RequestFactory, Workload  # noqa: E402
 from ranker_contract.packing import pack_multi_item  # noqa: E402
+from tools import REPO_ROOT, RESULTS_DIR  # noqa: E402
+from tools.cli_args import add_engine_bench_args  # noqa: E402
+from tools.configs import shipped_app_config  # noqa: E402
+from tools.workload import RequestFactory, Workload  # noqa: E402
 
 CONFIG = "score.yaml"
 Request = tuple[list[int], list[list[int]]]  # query, items

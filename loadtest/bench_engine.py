@@ -11,7 +11,7 @@ Engine and scheduler are built from configs/score-gpu.yaml the way a scorer repl
 (scheduler.max_batch_tokens; the YAML's 32768 by default; the first engine bench,
 docs/results/bench_engine_h100*.json at 8e4c5b0 in docs/BENCHMARKS.md's "Earlier measurements",
 used 65536) override it, and each ablation mode changes one engine or
-scheduler setting of it. Workload (loadtest/workload.py, seed 0): per request a 120-token query
+scheduler setting of it. Workload (tools/workload.py, seed 0): per request a 120-token query
 and 10 items of 180 tokens, random real-vocabulary ids, different per request, labels 9454/2753.
 All requests are queued to the scheduler, which packs them by its token budget; items/s = items
 / wall time. In the same run: HF transformers (loadtest/hf_baseline.py: bf16, SDPA, one sequence
@@ -21,7 +21,7 @@ docs/results/bench_engine.json.
 
 The `classifier` mode scores the same sequences, in the same run and with the same engine
 settings and batch budget, on a *ForSequenceClassification folder of the same decoder shape
-(--classifier-model; `python scripts/make_random_model.py --shape 0.6b-cls` makes the 0.6B
+(--classifier-model; `python -m tools.random_model --shape 0.6b-cls` makes the 0.6B
 one): its head at the score rows (every class) against the causal model's LM head and
 full-vocabulary log-sum-exp (the "engine" row). `classifier_from_labels` serves --model itself
 with its two label rows as a one-class head (rerank.classifier_from_labels), the labels being
@@ -42,15 +42,15 @@ import torch
 
 from gpu_worker.engine import Engine, Step
 from gpu_worker.scheduler import Scheduler, ScoreTask
-from loadtest import REPO_ROOT, RESULTS_DIR
-from loadtest.cli_args import add_engine_bench_args
-from loadtest.configs import shipped_app_config
-from loadtest.fidelity import engine_fields, parse_setting
 from loadtest.hf_baseline import HFBaseline
-from loadtest.random_model import SHAPES
-from loadtest.workload import RequestFactory, Workload
 from ranker_contract.config import EngineConfig, SchedulerConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
+from tools import REPO_ROOT, RESULTS_DIR
+from tools.cli_args import add_engine_bench_args
+from tools.configs import shipped_app_config
+from tools.fidelity import engine_fields, parse_setting
+from tools.random_model import SHAPES
+from tools.workload import RequestFactory, Workload
 
 CONFIG = "score-gpu.yaml"
 # mode -> the engine settings it changes (the "engine" mode runs the shipped ones)
@@ -175,7 +175,7 @@ def bench_classifier(folder: Path, engine_cfg: EngineConfig, causal_cfg, sequenc
     from ranker_contract.model_config import ModelConfig
 
     if not (folder / "config.json").is_file():
-        sys.exit(f"no classifier at {folder}: python scripts/make_random_model.py --shape "
+        sys.exit(f"no classifier at {folder}: python -m tools.random_model --shape "
                  "0.6b-cls (or pass --classifier-model)")
     head_cfg = ModelConfig.from_folder(folder)
     if not head_cfg.is_classifier:
@@ -201,11 +201,11 @@ def main():
                                       "unfused_gate_up")
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--fp8-settings", default="", help="also fp8 with each of these settings of "
-                   "the fidelity tool (loadtest/fidelity.py), e.g. no_down,qkv_gate_up+edges2")
+                   "the fidelity tool (tools/fidelity.py), e.g. no_down,qkv_gate_up+edges2")
     p.add_argument("--classifier-model", type=Path,
                    default=REPO_ROOT / "models" / SHAPES["0.6b-cls"].folder,
                    help="the classifier mode's *ForSequenceClassification folder, of --model's "
-                   "decoder shape (scripts/make_random_model.py --shape 0.6b-cls)")
+                   "decoder shape (python -m tools.random_model --shape 0.6b-cls)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_engine.json")
     args = p.parse_args()
     modes = args.modes.split(",")

@@ -6,7 +6,7 @@ Usage:
   python -m loadtest.bench_prefix routing [--rate 60] [--seconds 20]
   python -m loadtest.bench_prefix engine [--config score.yaml] [--requests 24] [--batch 1]
 
-`cache`: for each workload of loadtest/workload.py's PRESETS, one `serve run` of
+`cache`: for each workload of tools/workload.py's PRESETS, one `serve run` of
 configs/score-gpu.yaml with the cache off and one with it on (--cache-tokens), each swept with
 loadgen's open-loop ramp until P99 passes 500 ms or a request fails; records the best passing
 items/s and the hit rate the scorer's metrics counted (appends to prefix.json).
@@ -33,13 +33,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from loadtest import RESULTS_DIR
-from loadtest.configs import shipped_yaml
-from loadtest.http_client import make_session
-from loadtest.loadgen import RateConfig, run_rate, run_sweep
-from loadtest.prom import scrape
-from loadtest.service import Service, deployment, start_service, stop_service
-from loadtest.workload import PRESETS, RequestFactory, Workload
+from tools import RESULTS_DIR
+from tools.configs import shipped_yaml
+from tools.http_client import make_session
+from tools.loadgen import RateConfig, run_rate, run_sweep
+from tools.prom import scrape
+from tools.service import Service, deployment, start_service, stop_service
+from tools.workload import PRESETS, RequestFactory, Workload
 
 CONFIG = "score-gpu.yaml"
 # Serve's own default, named explicitly to undo the affinity router that build_app sets.
@@ -166,8 +166,8 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
     import torch
 
     from gpu_worker.engine import Engine
-    from loadtest.configs import shipped_app_config
     from ranker_contract.packing import pack_request
+    from tools.configs import shipped_app_config
 
     app = shipped_app_config(args.config)
     off = Engine.from_config(app.resolved_model_path(), app.engine)

@@ -20,11 +20,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from loadtest import RESULTS_DIR
-from loadtest.configs import shipped_app_config
-from loadtest.stats import percentile
 from serve_app.rerank import RerankPrompter
 from serve_app.tokenizer import TextTokenizer
+from tools import RESULTS_DIR
+from tools.configs import shipped_app_config
+from tools.stats import percentile
 
 WARMUP_PAIRS = 5
 QUERY = "Which passage explains how vaccines train the immune system?"

@@ -37,11 +37,11 @@ import torch
 from gpu_worker.engine import Engine
 from gpu_worker.scheduler import Scheduler, ScoreTask
 from gpu_worker.warmup import triton_variants
-from loadtest import RESULTS_DIR
-from loadtest.configs import shipped_app_config
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import pack_request
 from serve_app.scoring import DELIMITER_ID
+from tools import RESULTS_DIR
+from tools.configs import shipped_app_config
 
 CONFIG = "score-gpu.yaml"
 SHAPES = {"long": (2000, 20, 50), "short": (20, 50, 20), "lone": (0, 1, 4000),

@@ -28,10 +28,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gpu_worker.engine import Engine
-from loadtest import RESULTS_DIR
-from loadtest.configs import shipped_app_config
-from loadtest.workload import RequestFactory, Workload
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_request
+from tools import RESULTS_DIR
+from tools.configs import shipped_app_config
+from tools.workload import RequestFactory, Workload
 
 CONFIG = "score-gpu.yaml"
 # (query tokens, items, tokens per item): the bench shape, a lone item, the no-query shape of

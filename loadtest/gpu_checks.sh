@@ -11,8 +11,8 @@ mkdir -p "$out"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} RAY_USAGE_STATS_ENABLED=0
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 python3 -c "import torch, flashinfer, transformers; print('torch', torch.__version__, 'flashinfer', flashinfer.__version__, 'transformers', transformers.__version__)"
-python3 scripts/make_random_model.py || exit 1
-python3 scripts/make_random_model.py --shape 0.6b-cls || exit 1  # bench_engine --modes classifier
+python3 -m tools.random_model || exit 1
+python3 -m tools.random_model --shape 0.6b-cls || exit 1  # bench_engine --modes classifier
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   # One process per test file: a CUDA-graph engine captured after another one was freed in the

@@ -3,7 +3,7 @@
 Usage: python -m loadtest.profile_engine [--requests 33] [--model models/qwen3-0.6b-random]
 The engine is built from configs/score-gpu.yaml (--model overrides its model folder). Runs the
 bench workload of loadtest/bench_engine.py (120-token query + 10 × 180-token items per request,
-loadtest/workload.py, seed 0) as one batch, warms up, profiles 3 steps and prints the top
+tools/workload.py, seed 0) as one batch, warms up, profiles 3 steps and prints the top
 kernels by total CUDA time.
 """
 
@@ -16,9 +16,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gpu_worker.engine import Engine
-from loadtest.configs import shipped_app_config
-from loadtest.workload import RequestFactory, Workload
 from ranker_contract.packing import pack_multi_item
+from tools.configs import shipped_app_config
+from tools.workload import RequestFactory, Workload
 
 CONFIG = "score-gpu.yaml"
 

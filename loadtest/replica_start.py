@@ -23,7 +23,7 @@ STARTED = time.perf_counter()
 
 
 def main() -> None:
-    from loadtest import RESULTS_DIR
+    from tools import RESULTS_DIR
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="score-gpu.yaml")
@@ -48,7 +48,7 @@ def main() -> None:
 
     from gpu_worker.engine import Engine
     from gpu_worker.loader import load_model
-    from loadtest.configs import shipped_app_config
+    from tools.configs import shipped_app_config
     app = shipped_app_config(args.config)
     done("import the engine")
     device = torch.device("cuda")

@@ -18,21 +18,21 @@ export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_E
   RAY_SERVE_THROUGHPUT_OPTIMIZED=1
 source loadtest/gpu_service.sh
 stop_service  # a service left by an earlier run on this machine would answer in our place
-python3 scripts/make_random_model.py > /dev/null || exit 1
+python3 -m tools.random_model > /dev/null || exit 1
 python3 -m ranker_app.check_config "$config" || exit 1
 start_service "$config" "$out/serve.log"
 sweep() {  # sweep NAME RATES [loadgen args...]
   local name=$1 r=$2; shift 2
-  python3 -m loadtest.loadgen sweep --rates "$r" --duration 15 --warmup 3 --p99-ms 500 \
+  python3 -m tools.loadgen sweep --rates "$r" --duration 15 --warmup 3 --p99-ms 500 \
     --no-progress --out "$out/$name.json" --plot "$out/$name.png" "$@"
 }
-python3 -m loadtest.loadgen single --requests 200 --no-progress --out "$out/single.json"
+python3 -m tools.loadgen single --requests 200 --no-progress --out "$out/single.json"
 python3 -m loadtest.timing_probe --requests 100 --out "$out/timing_idle.json"
 sweep sweep "$rates"
 sweep sweep_text "$text_rates" --text natural --vocab 151643
 capacity=$(python3 -c "import json; b = json.load(open('$out/sweep.json'))['best']; print(b['offered_rps'] if b else '')")
 if [ -n "$capacity" ]; then
-  python3 -m loadtest.loadgen overload --capacity-rps "$capacity" --multiples 1,1.2,1.5,3 \
+  python3 -m tools.loadgen overload --capacity-rps "$capacity" --multiples 1,1.2,1.5,3 \
     --duration 15 --warmup 3 --no-progress --out "$out/overload.json"
   levels=$(python3 -c "print(','.join(str(round($capacity * f, 1)) for f in (0.1, 0.5, 0.9)))")
   sweep load_levels "$levels"

@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_E
 export RAY_metrics_report_interval_ms=1000  # Prometheus values every second
 source loadtest/gpu_service.sh
 stop_service
-python3 scripts/make_random_model.py > /dev/null || exit 1
+python3 -m tools.random_model > /dev/null || exit 1
 for run in "$@"; do
   mode=${run%%:*}
   arg=${run#*:}
@@ -27,19 +27,19 @@ for run in "$@"; do
   python3 -m ranker_app.check_config "$config" || exit 1
   start_service "$config" "$out/serve-$mode.log"
   if [ "$mode" = auto ]; then
-    python3 -m loadtest.ramp --phases "$arg" --query-len 120 --items 10 --item-len 180 \
+    python3 -m tools.ramp --phases "$arg" --query-len 120 --items 10 --item-len 180 \
       --vocab 151643 --out "$out/ramp_gpu.json" --plot "$out/ramp_gpu.png" | tail -3
     sleep 75  # past downscale_delay_s (60): the second replica drains and stops
     python3 - "$out" <<'PY'
 import json, sys
-from loadtest.prom import find_metrics_url, scrape, service_sample
+from tools.prom import find_metrics_url, scrape, service_sample
 s = service_sample(scrape(find_metrics_url()))
 print("after the ramp + 75 s: target replicas", s.target_replicas)
 r = json.load(open(f"{sys.argv[1]}/ramp_gpu.json")); r["target_replicas_75s_after"] = s.target_replicas
 json.dump(r, open(f"{sys.argv[1]}/ramp_gpu.json", "w"), indent=1)
 PY
   else
-    python3 -m loadtest.loadgen sweep --rates "$arg" --duration 15 --warmup 3 --p99-ms 500 \
+    python3 -m tools.loadgen sweep --rates "$arg" --duration 15 --warmup 3 --p99-ms 500 \
       --text natural --vocab 151643 --metrics-url auto --no-progress \
       --out "$out/sweep_$mode.json" --plot "$out/sweep_$mode.png" | tail -8
     python3 -m loadtest.scale_summary "$out/sweep_$mode.json" "$config" "$out/scale.json" \

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from loadtest.configs import shipped_yaml
+from tools.configs import shipped_yaml
 
 
 def variant(mode: str) -> dict:

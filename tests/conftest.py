@@ -6,9 +6,9 @@ import secrets
 import httpx
 import pytest
 
-from loadtest.configs import shipped_yaml
-from loadtest.random_model import make_random_model
-from loadtest.service import (
+from tools.configs import shipped_yaml
+from tools.random_model import make_random_model
+from tools.service import (
     FAST_METRICS_ENV,
     deployment,
     small_model_config,
@@ -80,7 +80,7 @@ def small_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_server_url(small_model):
-    """configs/score.yaml on the small random model, max_seq_tokens 1024 (loadtest/service.py),
+    """configs/score.yaml on the small random model, max_seq_tokens 1024 (tools/service.py),
     stopped after the module that uses it (no idle Ray instance beside the load tests):
     a request split into several sequences costs a fraction of a second here, where the real
     model needs 25-40 s of CPU for the 4,097 tokens that split under the shipped 4,096."""

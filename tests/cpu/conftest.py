@@ -1,7 +1,7 @@
 """Model fixtures for the engine tests: the real default model and tiny seeded-random checkpoints.
 
 Tiny checkpoints are real HF folders written by transformers' own `save_pretrained` (through
-loadtest/random_model.py), so loading them exercises our loader on exactly what HF writes
+tools/random_model.py), so loading them exercises our loader on exactly what HF writes
 (tied/untied heads, Qwen2 biases, Qwen3 q/k-norm, llama3 RoPE scaling in `rope_parameters`).
 """
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from gpu_worker.engine import Engine
-from loadtest.random_model import save_random_model
 from ranker_contract.config import EngineConfig
+from tools.random_model import save_random_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO_ROOT / "models" / "smollm2-135m-instruct"

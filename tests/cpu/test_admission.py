@@ -93,7 +93,7 @@ def test_a_served_ingress_refuses_past_its_share_before_any_work(small_model):
 
     import httpx
 
-    import loadtest.service as tooling
+    import tools.service as tooling
 
     config = tooling.small_model_config(small_model)
     config["applications"][0]["args"]["admission"] = {"requests_per_scorer": 1}

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadtest.prom import scrape
-from loadtest.service import wait_until
+from tools.prom import scrape
+from tools.service import wait_until
 
 QUERY, DOCS = "What is the capital of France?", ["Bananas are yellow.", "Paris is in France."]
 SCORE = {"query": "Is it?", "items": ["yes"], "label_token_ids": [10539, 5230]}

@@ -4,7 +4,7 @@ sustained load scales it from 1 replica up, and back to 1 after, with no failed 
 The load is closed-loop (CONCURRENCY clients, each sending again as soon as it is answered), so
 the scorers' queue depth, the autoscaling signal, is the same on a fast or a busy machine; the
 test waits on the state it observes (replicas serving, processes left), with generous deadlines,
-and never asserts how long scaling took. That figure is a benchmark: `python -m loadtest.ramp`.
+and never asserts how long scaling took. That figure is a benchmark: `python -m tools.ramp`.
 """
 
 import asyncio
@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-import loadtest.service as tooling
-from loadtest.http_client import make_session
-from loadtest.loadgen import run_closed_loop
-from loadtest.prom import scrape, service_sample
-from loadtest.stats import OK
-from loadtest.workload import Workload
+import tools.service as tooling
+from tools.http_client import make_session
+from tools.loadgen import run_closed_loop
+from tools.prom import scrape, service_sample
+from tools.stats import OK
+from tools.workload import Workload
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 

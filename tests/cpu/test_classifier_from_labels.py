@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-import loadtest.service as tooling
+import tools.service as tooling
 from gpu_worker.engine import Engine
 from gpu_worker.heads import SequenceClassifierForScoring, rerank_label_ids
 from gpu_worker.loader import load_model

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import torch
 
-import loadtest.service as tooling
-from loadtest.random_model import default_model_tokenizer, qwen3_tokenizer
+import tools.service as tooling
 from ranker_contract.config import RerankConfig
+from tools.random_model import default_model_tokenizer, qwen3_tokenizer
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 

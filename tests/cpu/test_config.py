@@ -174,17 +174,18 @@ def test_ingress_modules_do_not_import_torch():
 
 PRODUCT = {"ranker_contract", "serve_app", "gpu_worker", "ranker_app"}
 # package -> the project packages it may import (besides itself). One direction, no circle:
-# ranker_contract < serve_app, gpu_worker < ranker_app < loadtest (tooling) < scripts, tests.
-# Scripts (CLIs) and tests sit side by side on top and never import each other: a test runs a
-# script as a process.
+# ranker_contract < serve_app, gpu_worker < ranker_app < tools (user-facing tools and their
+# libraries) < loadtest (benchmarks) < tests. Scripts (setup, model preparation) need only the
+# product. Nothing imports tests: a test runs a tool or a script as a process or imports it.
 LAYERS = {
     "ranker_contract": set(),
     "serve_app": {"ranker_contract"},
     "gpu_worker": {"ranker_contract"},
     "ranker_app": {"ranker_contract", "serve_app", "gpu_worker"},
-    "loadtest": PRODUCT,
-    "scripts": PRODUCT | {"loadtest"},
-    "tests": PRODUCT | {"loadtest"},
+    "tools": PRODUCT,
+    "loadtest": PRODUCT | {"tools"},
+    "scripts": PRODUCT,
+    "tests": PRODUCT | {"tools", "loadtest"},
 }
 
 
@@ -268,8 +269,8 @@ def test_rerank_settings_are_checked():
 @pytest.mark.parametrize("mode, scorers", [("fixed1", 1), ("fixed2", 2), ("fixed4", 4),
                                            ("auto", 2)])
 def test_scaling_variants_run_the_shipped_ingress_per_scorer(mode, scorers, tmp_path):
-    from loadtest.configs import shipped_yaml
     from loadtest.scale_config import variant
+    from tools.configs import shipped_yaml
 
     shipped = {d["name"]: d for d in shipped_yaml("score-gpu.yaml")["applications"][0]
                ["deployments"]}

@@ -1,5 +1,5 @@
 """The Grafana board against a real Prometheus, with Ray's token authentication on: runs
-scripts/check_dashboard.py (its own service and Prometheus; about 2 minutes on 2 cores)."""
+`python -m tools.check_dashboard` (its own service and Prometheus; about 2 minutes on 2 cores)."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.prometheus_server import find_prometheus
+from tools.prometheus_server import find_prometheus
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 
@@ -19,7 +19,7 @@ def test_every_panel_counts_what_was_sent():
         find_prometheus()
     except FileNotFoundError as exc:
         pytest.fail(str(exc))
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "check_dashboard.py")],
+    out = subprocess.run([sys.executable, "-m", "tools.check_dashboard"],
                          cwd=REPO, capture_output=True, text=True, timeout=900)
     print(out.stdout)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-4000:]

@@ -145,15 +145,15 @@ def test_dockerfile_parses_and_copies_what_exists(kind):
     assert {"8000", "8265"} <= exposed
     if kind == "gpu":
         assert 'pip install --no-cache-dir -e ".[gpu]"' in runs
-        assert "scripts/make_random_model.py" in runs
+        assert "python -m tools.random_model" in runs
     else:
         assert "download.pytorch.org/whl/cpu" in runs and "scripts/prepare_model.py" in runs
 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
 def test_scripts_run_at_build_find_their_imports_in_the_image(kind, tmp_path):
-    # The image holds only what its COPY lines bring (loadtest and tests are .dockerignored):
-    # a script importing anything else fails at `docker build`. `--help` runs its imports.
+    # The image holds only what its COPY lines bring (tests are .dockerignored): a script or
+    # tool importing anything else fails at `docker build`. `--help` runs its imports.
     commands = dockerfile.parse_file(str(DOCKERFILES[kind]))
     for copy in (c for c in commands if c.cmd == "COPY"):
         for source in copy.value[:-1]:
@@ -163,12 +163,13 @@ def test_scripts_run_at_build_find_their_imports_in_the_image(kind, tmp_path):
             else:
                 shutil.copy(REPO / source, tmp_path / source)
     runs = " ".join(" ".join(c.value) for c in commands if c.cmd == "RUN")
-    scripts = re.findall(r"scripts/\w+\.py", runs)
-    assert scripts
-    for script in scripts:
-        out = subprocess.run([sys.executable, script, "--help"], cwd=tmp_path,
+    runnable = ([[script] for script in re.findall(r"scripts/\w+\.py", runs)]
+                + [["-m", module] for module in re.findall(r"python -m (tools\.\w+)", runs)])
+    assert runnable
+    for command in runnable:
+        out = subprocess.run([sys.executable, *command, "--help"], cwd=tmp_path,
                              capture_output=True, text=True)
-        assert out.returncode == 0, f"{kind}: {script}: {out.stderr[-2000:]}"
+        assert out.returncode == 0, f"{kind}: {command}: {out.stderr[-2000:]}"
 
 
 def test_container_serve_config_is_the_shipped_one_on_all_interfaces(tmp_path):

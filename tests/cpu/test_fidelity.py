@@ -1,4 +1,4 @@
-"""The FP8 fidelity tool (loadtest/fidelity.py): the labelled pydoc set it scores and its
+"""The FP8 fidelity tool (tools/fidelity.py): the labelled pydoc set it scores and its
 metrics, on hand-made examples whose answers are worked out here."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from gpu_worker.fp8 import Fp8Setting
-from loadtest.fidelity import (
+from tools.fidelity import (
     compare,
     kendall_tau,
     ndcg_at_10,
@@ -17,7 +17,7 @@ from loadtest.fidelity import (
     recommend,
     same_top1,
 )
-from loadtest.fidelity_set import AVAILABLE, all_sections, labelled_requests
+from tools.fidelity_set import AVAILABLE, all_sections, labelled_requests
 
 
 @pytest.fixture(scope="module")

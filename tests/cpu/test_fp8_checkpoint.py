@@ -21,8 +21,6 @@ from safetensors.torch import load_file
 from gpu_worker.engine import Engine
 from gpu_worker.fp8 import Fp8Linear, Fp8Setting, quantize_model
 from gpu_worker.loader import load_model
-from loadtest.fidelity import build_engine
-from loadtest.random_model import save_random_model
 from ranker_contract.config import EngineConfig
 from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import pack_multi_item
@@ -33,6 +31,8 @@ from tests.fp8_checkpoints import (
     write_compressed_tensors_fp8,
     write_fine_grained_fp8,
 )
+from tools.fidelity import build_engine
+from tools.random_model import save_random_model
 
 CPU = torch.device("cpu")
 # Every dimension a multiple of 128: transformers' fine-grained writer leaves any other weight

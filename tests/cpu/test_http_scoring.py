@@ -7,7 +7,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from loadtest import DEFAULT_MODEL
+from tools import DEFAULT_MODEL
 
 YES, NO = 10539, 5230
 LABELS = [YES, NO]

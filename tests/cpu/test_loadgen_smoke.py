@@ -1,4 +1,4 @@
-"""The open-loop load generator (loadtest/loadgen.py): its statistics and arrival schedules on
+"""The open-loop load generator (tools/loadgen.py): its statistics and arrival schedules on
 hand-made numbers, then short runs against the real service (`serve run configs/score.yaml`)."""
 
 import asyncio
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import loadgen, ramp
-from loadtest.http_client import API_KEY_ENV
-from loadtest.prom import ServiceSample, imbalance, scorer_balance
-from loadtest.stats import (
+from tools import loadgen, ramp
+from tools.http_client import API_KEY_ENV
+from tools.prom import ServiceSample, imbalance, scorer_balance
+from tools.stats import (
     Outcome,
     aggregate,
     parse_server_timing,
@@ -21,7 +21,7 @@ from loadtest.stats import (
     pick_best,
     summarize_ms,
 )
-from loadtest.workload import PRESETS, RequestFactory, Workload, arrival_offsets
+from tools.workload import PRESETS, RequestFactory, Workload, arrival_offsets
 
 # SmolLM2-135M: vocabulary 49152, " Yes"/" No"-like labels; a tiny workload so CPU keeps up.
 SMOL = ["--vocab", "49152", "--labels", "10539,5230", "--query-len", "16", "--items", "3",

@@ -1,5 +1,5 @@
 """The label values declared at 0 at start-up cover every value the replicas emit
-(scripts/check_dashboard.py, via tests/cpu/test_dashboard.py, checks them in Prometheus)."""
+(tools/check_dashboard.py, via tests/cpu/test_dashboard.py, checks them in Prometheus)."""
 
 import ast
 from pathlib import Path

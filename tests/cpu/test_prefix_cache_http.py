@@ -9,8 +9,8 @@ import random
 import httpx
 import pytest
 
-import loadtest.service as tooling
-from loadtest.prom import scrape
+import tools.service as tooling
+from tools.prom import scrape
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 

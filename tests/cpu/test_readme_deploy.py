@@ -27,8 +27,8 @@ import psutil
 import pytest
 import yaml
 
-from loadtest.service import free_port
 from tests.cpu.processes import kill_all
+from tools.service import free_port
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 

@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-import loadtest.service as tooling
-from loadtest.http_client import make_session
-from loadtest.loadgen import RateConfig, run_rate
-from loadtest.prom import scrape
-from loadtest.workload import RequestFactory, Workload
+import tools.service as tooling
+from tools.http_client import make_session
+from tools.loadgen import RateConfig, run_rate
+from tools.prom import scrape
+from tools.workload import RequestFactory, Workload
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 

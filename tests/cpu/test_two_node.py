@@ -22,8 +22,8 @@ import psutil
 import pytest
 import yaml
 
-from loadtest.service import deployment, free_port, small_model_config
 from tests.cpu.processes import kill_all
+from tools.service import deployment, free_port, small_model_config
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 

@@ -1,5 +1,5 @@
 """GPU fixtures: a Qwen3-0.6B-shaped model with seeded random bf16 weights and the real Qwen3
-tokenizer, made on first use by scripts/make_random_model.py. Every test here is marked gpu and
+tokenizer, made on first use by `python -m tools.random_model`. Every test here is marked gpu and
 skipped without CUDA."""
 
 import math
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from loadtest import REPO_ROOT
-from loadtest.random_model import SHAPES
 from ranker_contract.packing import pack_plain, pack_request
+from tools import REPO_ROOT
+from tools.random_model import SHAPES
 
 YES, NO = 9454, 2753  # "Yes", "No" in the Qwen3 vocabulary
 LABELS = [YES, NO]
@@ -118,13 +118,13 @@ def pytest_collection_modifyitems(items):
 
 
 def random_model_folder(shape: str) -> Path:
-    """models/<SHAPES[shape].folder>, made by scripts/make_random_model.py on first use."""
+    """models/<SHAPES[shape].folder>, made by `python -m tools.random_model` on first use."""
     path = REPO_ROOT / "models" / SHAPES[shape].folder
     if not (path / "config.json").is_file():
         # In its own process: what initialising it reserves on the GPU would stay in this one's
         # CUDA allocator and shrink the memory the engines here size their budget from.
-        subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "make_random_model.py"),
-                        "--shape", shape, "--out", str(path)], check=True)
+        subprocess.run([sys.executable, "-m", "tools.random_model", "--shape", shape,
+                        "--out", str(path)], cwd=REPO_ROOT, check=True)
     return path
 
 

@@ -1,5 +1,5 @@
 """A Qwen3-0.6B-shaped Qwen3ForSequenceClassification (one class, seeded random bf16, made by
-scripts/make_random_model.py --shape 0.6b-cls) on the GPU engine (bf16, FlashInfer, fused ops):
+`python -m tools.random_model --shape 0.6b-cls`) on the GPU engine (bf16, FlashInfer, fused ops):
 its class logit against HF fp32 `AutoModelForSequenceClassification` on query + item alone,
 multi-item against one item at a time, CUDA-graph replays against eager, and the start-up path
 (memory probe and warm-up batches) on a one-class head, a prefix-cache hit against no cache.

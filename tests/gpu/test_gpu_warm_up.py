@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from loadtest import REPO_ROOT
 from loadtest.cold_start import count_flashinfer_builds, counters
 from tests.gpu.conftest import VOCAB
+from tools import REPO_ROOT
 
 SHAPES = [(2000, 20, 50), (20, 50, 20), (0, 1, 4000), (120, 10, 180), (0, 8, 300), (7, 3, 1)]
 
@@ -65,7 +65,7 @@ def _mixed_batches(rng: random.Random, budget: int, max_seq_tokens: int):
 
 def main(model_path: str, cache_tokens: int) -> None:
     from gpu_worker.engine import Engine
-    from loadtest.configs import shipped_app_config
+    from tools.configs import shipped_app_config
 
     count_flashinfer_builds()
     app = shipped_app_config("score-gpu.yaml")

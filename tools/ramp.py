@@ -1,13 +1,13 @@
 """Load ramp with a timeline: offered rate in phases, and once a second the client's view
 (completions, failures, P99) beside the service's (scorer replicas, queued tokens) from Prometheus.
 
-Usage: python -m loadtest.ramp --url http://127.0.0.1:8000 --phases 20:5,60:40,90:5
+Usage: python -m tools.ramp --url http://127.0.0.1:8000 --phases 20:5,60:40,90:5
        [--metrics-url auto] [--query-len 40 --items 4 --item-len 40 --vocab 49152 --text natural]
        [--out docs/results/ramp.json] [--plot docs/results/ramp.png]
 
-`--phases` is DURATION_S:RATE,...; arrivals are Poisson, sent open-loop (loadtest/http_client.py).
+`--phases` is DURATION_S:RATE,...; arrivals are Poisson, sent open-loop (tools/http_client.py).
 `--metrics-url auto` reads the port of the newest local Ray session. Plot afterwards with
-`python -m loadtest.plot_timeline ramp.json`.
+`python -m tools.plot ramp.json`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loadtest import RESULTS_DIR
-from loadtest.cli_args import add_workload_args, workload_from_args
-from loadtest.http_client import make_session, send_schedule
-from loadtest.prom import ServiceSample, find_metrics_url, scrape, service_sample
-from loadtest.stats import OK, Outcome, percentile
-from loadtest.workload import RequestFactory, Workload, arrival_offsets
+from tools import RESULTS_DIR
+from tools.cli_args import add_workload_args, workload_from_args
+from tools.http_client import make_session, send_schedule
+from tools.prom import ServiceSample, find_metrics_url, scrape, service_sample
+from tools.stats import OK, Outcome, percentile
+from tools.workload import RequestFactory, Workload, arrival_offsets
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     outcomes, ticks = asyncio.run(run_ramp(args.url, workload, phases, metrics_url=metrics_url,
                                            timeout_s=args.timeout_s, on_tick=show))
     rows = timeline(outcomes, ticks, phases)
-    result = {"command": "python -m loadtest.ramp " + " ".join(argv or []), "started": started,
+    result = {"command": "python -m tools.ramp " + " ".join(argv or []), "started": started,
               "url": args.url, "workload": workload.describe(),
               "phases": [asdict(ph) for ph in phases], "summary": summarize(outcomes, rows, phases),
               "timeline": rows}
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result["summary"]))
     if args.plot:
-        from loadtest.plot_timeline import plot_timeline
+        from tools.plot import plot_timeline
 
         plot_timeline(result, args.plot)
     return result

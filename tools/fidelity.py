@@ -1,13 +1,13 @@
 """How much FP8 changes a model's rankings: the same rerank requests scored in fp32 (the
 reference), bf16 and each FP8 setting (gpu_worker/fp8.py).
 
-Usage: python -m loadtest.fidelity [--model models/smollm2-135m-instruct] [--requests 200]
+Usage: python -m tools.fidelity [--model models/smollm2-135m-instruct] [--requests 200]
        [--items 10] [--settings all,no_down,no_o,qkv_gate_up,edges2] [--device cpu|cuda]
        [--data my_set.jsonl] [--template yes_no] [--out docs/results/fp8_h100/fidelity.json]
 
 Each request is rendered with the rerank template (configs' `rerank`, serve_app/rerank.py) and
 packed as the ingress packs it; an item's score is P(yes) / (P(yes) + P(no)) at its last
-token. The requests are the labelled pydoc set (loadtest/fidelity_set.py) or --data, a JSON
+token. The requests are the labelled pydoc set (tools/fidelity_set.py) or --data, a JSON
 lines file of {"query": str, "documents": [str], "relevant": [indices]} ("relevant" may be
 left out: no MRR or NDCG then).
 
@@ -41,15 +41,15 @@ from tqdm import tqdm
 from gpu_worker.engine import Engine
 from gpu_worker.fp8 import LINEARS, Fp8Setting, quantize_model
 from gpu_worker.loader import load_model
-from loadtest import DEFAULT_MODEL, RESULTS_DIR
-from loadtest.fidelity_set import LabelledRequest, labelled_requests
-from loadtest.stats import percentile
 from ranker_contract.config import EngineConfig, Limits, RerankConfig
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence, merge_results, pack_request
 from serve_app.rerank import RerankInput, RerankPrompter, relevance
 from serve_app.scoring import DELIMITER_ID
 from serve_app.tokenizer import TextTokenizer
+from tools import DEFAULT_MODEL, RESULTS_DIR
+from tools.fidelity_set import LabelledRequest, labelled_requests
+from tools.stats import percentile
 
 MIN_MRR_RATIO = 0.99
 # bf16's MRR must beat a random order's by this much (about 2 standard errors at 100 requests)
@@ -289,7 +289,7 @@ def run_facts(args: argparse.Namespace) -> dict:
     else:
         device = f"cpu: {os.cpu_count()} cores (FP8 simulated: e4m3 values, fp32 matmul)"
     data = str(args.data) if args.data else f"pydoc topics, seed {args.seed}, items {args.items}"
-    return {"command": "python -m loadtest.fidelity " + " ".join(sys.argv[1:]), "device": device,
+    return {"command": "python -m tools.fidelity " + " ".join(sys.argv[1:]), "device": device,
             "date": datetime.date.today().isoformat(), "data": data,
             "python": sys.version.split()[0], "torch": torch.__version__}
 
@@ -317,7 +317,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m loadtest.fidelity",
+    p = argparse.ArgumentParser(prog="python -m tools.fidelity",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="HF model folder")
     p.add_argument("--requests", type=int, default=200, help="the first N requests of the set")

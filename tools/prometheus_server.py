@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.service import LocalServer, free_port
+from tools.service import LocalServer, free_port
 
 DISCOVERY_FILE = "prom_metrics_service_discovery.json"
 SCRAPE_INTERVAL_S = 1

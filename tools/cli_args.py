@@ -1,5 +1,5 @@
-"""Command-line arguments of loadtest/loadgen.py (run, sweep, overload, single); the workload
-group is shared with loadtest/ramp.py and loadtest/timing_probe.py, and the engine benches'
+"""Command-line arguments of tools/loadgen.py (run, sweep, overload, single); the workload
+group is shared with tools/ramp.py and loadtest/timing_probe.py, and the engine benches'
 model and request shape (add_engine_bench_args) with bench_engine.py and bench_cpu_engine.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from loadtest.workload import ARRIVALS, PRESETS, TEXT_MODES, Workload
+from tools.workload import ARRIVALS, PRESETS, TEXT_MODES, Workload
 
 
 def add_engine_bench_args(p: argparse.ArgumentParser, config: str, requests: int,
@@ -41,7 +41,7 @@ def _common(p: argparse.ArgumentParser, *, query_len: int, items: int, item_len:
 
 def add_workload_args(p: argparse.ArgumentParser, *, query_len: int, items: int, item_len: int,
                       vocab: int = 151643) -> None:
-    """The request shape (loadtest/workload.py::Workload); read back by workload_from_args."""
+    """The request shape (tools/workload.py::Workload); read back by workload_from_args."""
     w = p.add_argument_group("workload (random token ids or text, fresh per request)")
     w.add_argument("--query-len", type=int, default=query_len, help="query tokens")
     w.add_argument("--items", type=int, default=items, help="items per request")
@@ -58,7 +58,7 @@ def add_workload_args(p: argparse.ArgumentParser, *, query_len: int, items: int,
     w.add_argument("--repeat-window", type=float, default=1.0, help="...within about this "
                    "many seconds at the offered rate")
     w.add_argument("--preset", choices=sorted(PRESETS), help="a named shape (overrides "
-                   "--query-len, --items, --item-len, --query-repeats): loadtest/workload.py")
+                   "--query-len, --items, --item-len, --query-repeats): tools/workload.py")
 
 
 def workload_from_args(args: argparse.Namespace) -> Workload:
@@ -75,7 +75,7 @@ def _rate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before it")
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="inter-arrival times")
     p.add_argument("--clients", type=int, default=0, help="client processes sharing the rate "
-                   "(loadtest/client_pool.py); 0: one per 100 req/s offered, which a process "
+                   "(tools/client_pool.py); 0: one per 100 req/s offered, which a process "
                    "sends on time; a point whose requests left late says CLIENT BEHIND")
     p.add_argument("--metrics-url", help="the Ray node's Prometheus URL ('auto': the newest "
                    "local session): each point gets the scorer replicas' balance")
@@ -83,7 +83,7 @@ def _rate_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.loadgen",
+        prog="python -m tools.loadgen",
         description="Open-loop load generator for POST /v1/score or /v1/rerank.")
     sub = parser.add_subparsers(dest="command", required=True)
     big = dict(query_len=120, items=10, item_len=180)

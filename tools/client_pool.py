@@ -15,9 +15,9 @@ import asyncio
 import multiprocessing
 import time
 
-from loadtest.http_client import make_session, send_schedule
-from loadtest.stats import Outcome
-from loadtest.workload import RequestFactory, Workload, arrival_offsets
+from tools.http_client import make_session, send_schedule
+from tools.stats import Outcome
+from tools.workload import RequestFactory, Workload, arrival_offsets
 
 START_MARGIN_S = 2.0  # between fixing the shared start time and the first send
 

@@ -1,8 +1,8 @@
 """Check the Grafana board docs/grafana/ranker_dashboard.json against a real Prometheus.
 
 Starts the service (`serve run` of configs/score.yaml on the small random model of
-loadtest/random_model.py) and a Prometheus that scrapes Ray's service-discovery file
-(loadtest/prometheus_server.py); checks the Ray dashboard's Serve API and `serve status` with
+tools/random_model.py) and a Prometheus that scrapes Ray's service-discovery file
+(tools/prometheus_server.py); checks the Ray dashboard's Serve API and `serve status` with
 Ray's token authentication on; checks that every counter series the board plots exists at 0
 before any traffic; then sends traffic with bad requests (400, 413), refusals (503: a full scorer
 queue) and drops (clients that hang up, requests past their timeout: 408) and runs every query
@@ -10,11 +10,14 @@ of the board through Prometheus's HTTP API. It fails (exit 1) unless every query
 the error, refusal and drop panels show the events in their rate, and what Prometheus counted
 over the run equals what was sent, first events included. Prints a table of panel -> value.
 
-  .venv/bin/python scripts/check_dashboard.py     # about 2 minutes on 2 cores
+Usage: python -m tools.check_dashboard     # about 2 minutes on 2 cores; no options
+(`python tools/check_dashboard.py` works too.) Needs a `prometheus` binary on PATH
+(`bash scripts/setup.sh` installs Debian's when run as root).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -28,17 +31,17 @@ from pathlib import Path
 import aiohttp
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO))  # run by path, too
 
 from gpu_worker.metrics import BATCH_ERROR_TYPES, CACHE_RESULTS  # noqa: E402
-from loadtest.prom import scrape, service_sample  # noqa: E402
-from loadtest.prometheus_server import find_prometheus, start_prometheus  # noqa: E402
-from loadtest.random_model import make_random_model  # noqa: E402
-from loadtest.ray_dashboard import auth_token, get, serve_applications, serve_status  # noqa: E402
-from loadtest.service import FAST_METRICS_ENV, small_model_config, start_service, stop_service  # noqa: E402
-from loadtest.workload import RequestFactory, Workload  # noqa: E402
 from serve_app.auth import NO_KEY  # noqa: E402
 from serve_app.metrics import ERRORS, ROUTES  # noqa: E402
+from tools.prom import scrape, service_sample  # noqa: E402
+from tools.prometheus_server import find_prometheus, start_prometheus  # noqa: E402
+from tools.random_model import make_random_model  # noqa: E402
+from tools.ray_dashboard import auth_token, get, serve_applications, serve_status  # noqa: E402
+from tools.service import FAST_METRICS_ENV, small_model_config, start_service, stop_service  # noqa: E402
+from tools.workload import RequestFactory, Workload  # noqa: E402
 
 BOARD = REPO / "docs" / "grafana" / "ranker_dashboard.json"
 VOCAB = 49152  # the small model's (the default model's tokenizer)
@@ -329,7 +332,9 @@ def print_table(rows: list[list[str]]) -> None:
         print(" | ".join(row))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="python -m tools.check_dashboard",
+                            description=__doc__.split("\n\n")[0]).parse_args(argv)
     find_prometheus()  # fail before starting anything when it is missing
     with tempfile.TemporaryDirectory(prefix="small-model-") as model:
         config = small_model_config(make_random_model(Path(model), "small"))

@@ -1,8 +1,8 @@
 """The open-loop HTTP sender shared by the load tools: one session, one POST, a schedule of POSTs.
 
 Open loop: each request is sent at its time whatever the state of earlier ones; a response is
-never awaited before the next send. Used by loadtest/loadgen.py, loadtest/ramp.py and the
-client processes of loadtest/client_pool.py.
+never awaited before the next send. Used by tools/loadgen.py, tools/ramp.py and the
+client processes of tools/client_pool.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import os
 import aiohttp
 from tqdm import tqdm
 
-from loadtest.stats import OK, Outcome, parse_server_timing
-from loadtest.workload import RequestFactory
+from tools.stats import OK, Outcome, parse_server_timing
+from tools.workload import RequestFactory
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 # The API key the load tools send when the service wants one (docs/ARCHITECTURE.md, "API keys"):

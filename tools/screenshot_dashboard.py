@@ -5,8 +5,8 @@ Opens the page in Chromium (Debian: `apt-get install -y chromium`) driven over i
 protocol, types the token of `ray get-auth-token` into the "Authentication Token Required"
 dialog, waits until both deployments show, and saves the page.
 
-  .venv/bin/python scripts/screenshot_dashboard.py                  # starts configs/score.yaml
-  .venv/bin/python scripts/screenshot_dashboard.py --dashboard URL  # a dashboard already up
+Usage: python -m tools.screenshot_dashboard                  # starts configs/score.yaml
+       python -m tools.screenshot_dashboard --dashboard URL  # a dashboard already up
 Writes docs/img/ray_dashboard_serve.png (--out to change).
 """
 
@@ -26,12 +26,10 @@ from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from tools import REPO_ROOT
+from tools.ray_dashboard import auth_token
 
-from loadtest.ray_dashboard import auth_token  # noqa: E402
-
-OUT = REPO / "docs" / "img" / "ray_dashboard_serve.png"
+OUT = REPO_ROOT / "docs" / "img" / "ray_dashboard_serve.png"
 WIDTH, HEIGHT = 1600, 1000
 WAIT_S = 120
 SHOWN = ("ScoreIngress", "ScoreWorker", "HEALTHY")  # the Serve page is ready when it shows these
@@ -128,7 +126,8 @@ def screenshot(dashboard: str, out: Path) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.screenshot_dashboard",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--dashboard", help="URL of a running dashboard (default: start the service)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
@@ -136,8 +135,8 @@ def main() -> int:
     if args.dashboard:
         screenshot(args.dashboard, args.out)
         return 0
-    from loadtest.configs import shipped_yaml
-    from loadtest.service import start_service, stop_service
+    from tools.configs import shipped_yaml
+    from tools.service import start_service, stop_service
 
     svc = start_service(shipped_yaml("score.yaml"))
     try:

@@ -20,10 +20,10 @@ import httpx
 import psutil
 import yaml
 
-from loadtest import DEFAULT_MODEL, REPO_ROOT
-from loadtest.configs import shipped_yaml
-from loadtest.prom import find_metrics_url
-from loadtest.ray_dashboard import dashboard_url, session_dir_of
+from tools import DEFAULT_MODEL, REPO_ROOT
+from tools.configs import shipped_yaml
+from tools.prom import find_metrics_url
+from tools.ray_dashboard import dashboard_url, session_dir_of
 
 STARTUP_TIMEOUT_S = 240
 # Prometheus values every second instead of every ten (Ray system config, read from the env).
@@ -31,7 +31,7 @@ FAST_METRICS_ENV = {"RAY_metrics_report_interval_ms": "1000"}
 
 
 def small_model_config(model_path) -> dict:
-    """configs/score.yaml pointed at the small model (loadtest/random_model.py), sized for a
+    """configs/score.yaml pointed at the small model (tools/random_model.py), sized for a
     2-core CI machine: one torch thread per scorer and short batches, so one scorer replica
     saturates at ~20 requests/s."""
     config = shipped_yaml("score.yaml")
@@ -165,7 +165,7 @@ def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Serv
     model = Path(config["applications"][0]["args"].get("model_path", DEFAULT_MODEL))
     if not ((model if model.is_absolute() else REPO_ROOT / model) / "config.json").is_file():
         raise RuntimeError(f"{model} is missing: run `python scripts/prepare_model.py` (the "
-                           "default model) or `python scripts/make_random_model.py`")
+                           "default model) or `python -m tools.random_model`")
     config = copy.deepcopy(config)
     port = free_port()
     config["http_options"]["port"] = port

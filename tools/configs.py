@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from loadtest import REPO_ROOT
 from ranker_contract.config import AppConfig
+from tools import REPO_ROOT
 
 
 def shipped_yaml(name: str) -> dict:

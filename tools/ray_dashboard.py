@@ -6,9 +6,9 @@ override the file) and every dashboard page and API asks for it: a browser throu
 "Authentication Token Required" dialog (which then sets a cookie), a client through the header
 `Authorization: Bearer TOKEN`. Ray's CLIs send it only when RAY_AUTH_MODE=token is set in their
 environment (`RAY_AUTH_MODE=token serve status`). The metrics export port that Prometheus and
-loadtest/prom.py scrape is not behind the token.
+tools/prom.py scrape is not behind the token.
 
-  python -m loadtest.ray_dashboard --serve-pid PID --url http://127.0.0.1:8000
+  python -m tools.ray_dashboard --serve-pid PID --url http://127.0.0.1:8000
 waits until the service of `serve run` process PID answers /health, then prints how to open its
 dashboard and run `serve status` (scripts/serve.sh calls it).
 """

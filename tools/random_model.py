@@ -1,5 +1,9 @@
 """HF model folders with seeded random weights and a real tokenizer, in fixed shapes.
 
+Usage: python -m tools.random_model [--shape 0.6b|0.6b-cls|4b|8b|small] [--out DIR] [--seed 0]
+--out defaults to models/ + the shape's folder (models/qwen3-0.6b-random, ...); an existing
+model there is kept.
+
 Throughput does not depend on weight values, and parity tests compare against HF transformers
 loading the same folder, so random weights serve the benches, the GPU tests and the load tests:
   0.6b, 4b, 8b  Qwen3's published shapes, bf16, with the real Qwen3 tokenizer of the
@@ -10,18 +14,20 @@ loading the same folder, so random weights serve the benches, the GPU tests and 
   small         a Llama of ~10 ms per request on one CPU core, fp32, with the default model's
                 tokenizer (`python scripts/prepare_model.py`): CPU load tests need a replica
                 that saturates quickly, not meaningful scores
-The command line is scripts/make_random_model.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import os
 import shutil
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest import DEFAULT_MODEL
+from tools import DEFAULT_MODEL, REPO_ROOT
 
 QWEN3_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 DEFAULT_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -123,3 +129,26 @@ def save_random_model(dest: Path, config, *, seed: int, dtype: str,
         dest.rmdir()  # an empty folder made for it (a temporary directory)
     tmp.rename(dest)
     return dest
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = argparse.ArgumentParser(prog="python -m tools.random_model",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=SHAPES, default="0.6b")
+    parser.add_argument("--out", type=Path, help="default: models/ + the shape's folder")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    out = args.out or REPO_ROOT / "models" / SHAPES[args.shape].folder
+    if (out / "config.json").exists():
+        print(f"model already in {out}")
+        return
+    try:
+        make_random_model(out, args.shape, args.seed)
+    except RuntimeError as exc:  # a tokenizer to install first
+        sys.exit(str(exc))
+    print(f"wrote {out} ({args.shape}, seed {args.seed})")
+
+
+if __name__ == "__main__":
+    main()

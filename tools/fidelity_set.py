@@ -1,6 +1,6 @@
 """A labelled rerank set from real text that ships with CPython: the help topics of `pydoc`
 (`pydoc_data.topics.topics`, the Python Language Reference as plain text). For the fidelity
-tool (loadtest/fidelity.py).
+tool (tools/fidelity.py).
 
 - Sections: every heading of a topic (a title line underlined with `*`, `=`, `-`, ...) starts
   a section; a section owns the passages under it and under its sub-headings.

@@ -2,8 +2,8 @@
 
 Ray serves every process's metrics of a node at http://NODE:PORT/metrics (names prefixed
 `ray_`). `find_metrics_url` finds the port of a local cluster from its session directory.
-That port is not behind Ray's token authentication (the dashboard is: loadtest/ray_dashboard.py),
-so scraping needs no token; scripts/check_dashboard.py checks it with authentication on.
+That port is not behind Ray's token authentication (the dashboard is: tools/ray_dashboard.py),
+so scraping needs no token; tools/check_dashboard.py checks it with authentication on.
 """
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
 """Open-loop load generator for POST /v1/score or /v1/rerank (library + CLI).
 
-  python -m loadtest.loadgen run    --rate 20 [--duration 30 --warmup 5 --arrival poisson]
-  python -m loadtest.loadgen sweep  --rates 5,10,20 | --start-rate 1 --factor 2 --bisect-steps 3
+  python -m tools.loadgen run    --rate 20 [--duration 30 --warmup 5 --arrival poisson]
+  python -m tools.loadgen sweep  --rates 5,10,20 | --start-rate 1 --factor 2 --bisect-steps 3
                                     [--p99-ms 500 --plot out.png]
-  python -m loadtest.loadgen overload --capacity-rps 240 [--multiples 1,1.2,1.5,3]
-  python -m loadtest.loadgen single [--requests 200 --items 10 --item-len 300 --query-len 0]
+  python -m tools.loadgen overload --capacity-rps 240 [--multiples 1,1.2,1.5,3]
+  python -m tools.loadgen single [--requests 200 --items 10 --item-len 300 --query-len 0]
   (any command: [--text repeat|natural] sends strings instead of token ids; with --rerank, to
   /v1/rerank as {query, documents}; [--clients N] spreads the load over N processes, by default
   one per 100 req/s; [--metrics-url auto] adds the scorer replicas' balance to each point)
 
 Open loop: send times are drawn up front (Poisson or constant arrivals at the offered rate) and
 each request is sent at its time whatever the state of earlier ones; a response is never awaited
-before the next send (`send_schedule` of loadtest/http_client.py). Requests of the warm-up
+before the next send (`send_schedule` of tools/http_client.py). Requests of the warm-up
 period are sent but left out of the stats. Every body carries fresh random token ids (seeded), so
 no two requests are alike. Latency runs from the scheduled send time to the end of the response
 body; `send_lag_ms` shows how late the client itself was. Stats definitions:
-loadtest/stats.py::aggregate. JSON written by --out:
+tools/stats.py::aggregate. JSON written by --out:
   {"meta": {...}, "config": {...}, "workload": {...}, "result": point}               (run)
   {..., "p99_bound_ms", "points": [point, ...], "best": point | null, "plot": path}  (sweep)
   {..., "capacity_items_per_s", "p99_at_capacity_ms", "overload": [{"multiple",
@@ -28,7 +28,7 @@ where a point is {"offered_rps", "offered_items_per_s", "scheduled_rps", "achiev
 "p90", "p99", "max", "mean"}, "refusal_latency_ms": {...} (503s), "send_lag_ms": {...},
 "on_time_share", "behind_schedule" (the client fell behind its schedule), "stages_ms": {stage:
 {...}} (Server-Timing, + "outside": the time outside the ingress), "client_processes",
-"scorers": loadtest/prom.py::scorer_balance (with --metrics-url)}
+"scorers": tools/prom.py::scorer_balance (with --metrics-url)}
 (+ "passed" in a sweep, "multiple" in an overload run).
 """
 
@@ -48,19 +48,19 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
-from loadtest import REPO_ROOT, RESULTS_DIR
-from loadtest.cli_args import build_parser, workload_from_args
-from loadtest.client_pool import START_MARGIN_S, run_processes
-from loadtest.http_client import make_session, send_one, send_schedule
-from loadtest.prom import (
+from tools import REPO_ROOT, RESULTS_DIR
+from tools.cli_args import build_parser, workload_from_args
+from tools.client_pool import START_MARGIN_S, run_processes
+from tools.http_client import make_session, send_one, send_schedule
+from tools.prom import (
     ServiceSample,
     find_metrics_url,
     scorer_balance,
     scrape,
     service_sample,
 )
-from loadtest.stats import OK, Outcome, aggregate, passes, pick_best, summarize_ms
-from loadtest.workload import RequestFactory, Workload, arrival_offsets
+from tools.stats import OK, Outcome, aggregate, passes, pick_best, summarize_ms
+from tools.workload import RequestFactory, Workload, arrival_offsets
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class RateConfig:
     arrival: str = "poisson"
     timeout_s: float = 30.0
     seed: int | str = 0
-    # client processes (loadtest/client_pool.py); 1 = this event loop; 0 = one per CLIENT_RPS
+    # client processes (tools/client_pool.py); 1 = this event loop; 0 = one per CLIENT_RPS
     clients: int = 0
     metrics_url: str | None = None  # Prometheus: the scorer replicas' balance per point
 
@@ -293,7 +293,7 @@ def _meta(args: argparse.Namespace, argv: list[str], model: str | None) -> dict:
                                 text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"tool": "loadtest/loadgen.py", "command": args.command, "argv": argv,
+    return {"tool": "tools/loadgen.py", "command": args.command, "argv": argv,
             "base_url": args.url, "model": model, "host": platform.node(),
             "python": platform.python_version(), "git_commit": commit,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -371,15 +371,15 @@ def main(argv: list[str] | None = None) -> dict:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if args.command == "sweep":
         out["plot"] = str(Path(args.plot) if args.plot else out_path.with_suffix(".png"))
-    # The JSON first: the plot can always be redrawn from it (python -m loadtest.plot JSON).
+    # The JSON first: the plot can always be redrawn from it (python -m tools.plot JSON).
     out_path.write_text(json.dumps(out, indent=1) + "\n")
     if args.command == "sweep":
         try:
-            from loadtest.plot import plot_from_json
+            from tools.plot import plot_from_json
 
             plot_from_json(out_path)
         except ImportError as exc:  # e.g. a GPU host without matplotlib
-            print(f"no plot ({exc}); draw it later: python -m loadtest.plot {out_path}")
+            print(f"no plot ({exc}); draw it later: python -m tools.plot {out_path}")
     print(f"wrote {out_path}" + (f" and {out['plot']}" if "plot" in out else ""))
     return out
 

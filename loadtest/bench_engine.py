@@ -46,7 +46,6 @@ from loadtest.hf_baseline import HFBaseline
 from ranker_contract.config import EngineConfig, SchedulerConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 from tools import REPO_ROOT, RESULTS_DIR
-from tools.cli_args import add_engine_bench_args
 from tools.configs import shipped_app_config
 from tools.fidelity import engine_fields, parse_setting
 from tools.random_model import SHAPES
@@ -194,7 +193,10 @@ def bench_classifier(folder: Path, engine_cfg: EngineConfig, causal_cfg, sequenc
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_engine_bench_args(p, CONFIG, requests=512, shape=(120, 10, 180))
+    p.add_argument("--model", type=Path, help=f"default: model_path of configs/{CONFIG}")
+    p.add_argument("--requests", type=int, default=512)
+    for flag, default in zip(("--query-len", "--items", "--item-len"), (120, 10, 180)):
+        p.add_argument(flag, type=int, default=default)
     p.add_argument("--budget", type=int,
                    help="scheduler.max_batch_tokens (default: the YAML's; 0: from free memory)")
     p.add_argument("--modes", default="engine,sync,bf16_residual,one_per_item,torch_ops,fa3,"

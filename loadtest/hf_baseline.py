@@ -1,8 +1,8 @@
 """HF transformers scoring, the baseline the engine benchmarks compare against.
 
 One sequence per item (query + item, the query recomputed for every item), with HF's best
-settings for scoring: no KV cache, logits of the last position only. Used on CPU in fp32 by
-loadtest/bench_cpu_engine.py and on a GPU in bf16 by loadtest/bench_engine.py.
+settings for scoring: no KV cache, logits of the last position only. Used on a GPU in bf16 by
+loadtest/bench_engine.py.
 """
 
 from __future__ import annotations

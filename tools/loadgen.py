@@ -5,6 +5,7 @@
                                     [--p99-ms 500 --plot out.png]
   python -m tools.loadgen overload --capacity-rps 240 [--multiples 1,1.2,1.5,3]
   python -m tools.loadgen single [--requests 200 --items 10 --item-len 300 --query-len 0]
+                                 (idle latency and where it goes: Server-Timing stages)
   (any command: [--text repeat|natural] sends strings instead of token ids; with --rerank, to
   /v1/rerank as {query, documents}; [--clients N] spreads the load over N processes, by default
   one per 100 req/s; [--metrics-url auto] adds the scorer replicas' balance to each point)
@@ -21,7 +22,8 @@ tools/stats.py::aggregate. JSON written by --out:
   {..., "capacity_items_per_s", "p99_at_capacity_ms", "overload": [{"multiple",
    "offered_items_per_s", "goodput_items_per_s", "accepted_p99_ms", "refusal_p99_ms",
    "refused", "other_failures"}, ...], "points": [point, ...]}                     (overload)
-  {..., "result": {"requests", "successes", "failed", "failures", "latency_ms"}}      (single)
+  {..., "result": {"requests", "successes", "failed", "failures", "latency_ms",
+                   "stages_ms"}}                                                     (single)
 where a point is {"offered_rps", "offered_items_per_s", "scheduled_rps", "achieved_rps",
 "achieved_items_per_s", "window_s", "sent", "warmup_requests", "measured_requests", "successes",
 "failed", "failures": {"503" | "timeout" | "connection" | ...: count}, "latency_ms": {"p50",
@@ -59,7 +61,15 @@ from tools.prom import (
     scrape,
     service_sample,
 )
-from tools.stats import OK, Outcome, aggregate, passes, pick_best, summarize_ms
+from tools.stats import (
+    OK,
+    Outcome,
+    aggregate,
+    passes,
+    pick_best,
+    summarize_ms,
+    where_time_went,
+)
 from tools.workload import RequestFactory, Workload, arrival_offsets
 
 
@@ -234,26 +244,28 @@ async def run_overload(session: aiohttp.ClientSession, base_url: str, workload: 
 async def run_single(session: aiohttp.ClientSession, base_url: str, workload: Workload, *,
                      requests: int = 200, warmup_requests: int = 5, timeout_s: float = 30.0,
                      seed: int | str = 0, progress: bool = True) -> dict:
-    """`requests` sequential requests (one at a time) after `warmup_requests` unmeasured ones."""
+    """`requests` sequential requests (one at a time) after `warmup_requests` unmeasured ones:
+    the latency of an idle service, and where it goes (`stages_ms`, from Server-Timing)."""
     url = base_url.rstrip("/") + workload.path
     factory = RequestFactory(workload, seed)
-    latencies, failures = [], {}
+    ok, failures = [], {}
     for i in tqdm(range(warmup_requests + requests), desc="single", unit="req",
                   disable=not progress, leave=False, dynamic_ncols=True):
         body = factory.next_bytes()
         start = time.perf_counter()
-        kind, _ = await send_one(session, url, body, workload.items, timeout_s,
-                                 workload.result_key)
+        kind, stages = await send_one(session, url, body, workload.items, timeout_s,
+                                      workload.result_key)
         elapsed = time.perf_counter() - start
         if i < warmup_requests:
             continue
         if kind == OK:
-            latencies.append(elapsed)
+            ok.append(Outcome(0.0, 0.0, elapsed, kind, stages))
         else:
             failures[kind] = failures.get(kind, 0) + 1
     return {"requests": requests, "warmup_requests": warmup_requests,
-            "successes": len(latencies), "failed": sum(failures.values()),
-            "failures": dict(sorted(failures.items())), "latency_ms": summarize_ms(latencies)}
+            "successes": len(ok), "failed": sum(failures.values()),
+            "failures": dict(sorted(failures.items())),
+            "latency_ms": summarize_ms(o.done for o in ok), **where_time_went(ok)}
 
 
 def format_point(p: dict) -> str:
@@ -314,7 +326,8 @@ async def _main(args: argparse.Namespace, argv: list[str]) -> dict:
             out["result"] = res
             lat = res["latency_ms"]
             print(f"single: {res['successes']}/{res['requests']} ok, failures {res['failures']} | "
-                  f"p50 {lat['p50']} p99 {lat['p99']} max {lat['max']} ms")
+                  f"p50 {lat['p50']} p99 {lat['p99']} max {lat['max']} ms | p50 ms by stage: "
+                  + ", ".join(f"{k} {v['p50']}" for k, v in res["stages_ms"].items()))
             return out
         cfg = RateConfig(getattr(args, "rate", 0.0), args.duration, args.warmup, args.arrival,
                          args.timeout, args.seed, args.clients,

@@ -314,6 +314,9 @@ def test_single_smoke(server_url, tmp_path):
     r = doc["result"]
     assert (r["requests"], r["successes"], r["failed"]) == (5, 5, 0)
     assert 0 < r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] <= r["latency_ms"]["max"]
+    # where the idle time goes: the ingress's Server-Timing stages and the time outside it
+    assert {"ingress", "outside"} <= r["stages_ms"].keys()
+    assert r["stages_ms"]["ingress"]["p50"] <= r["latency_ms"]["p50"]
 
 
 def test_single_smoke_with_text(server_url, tmp_path):

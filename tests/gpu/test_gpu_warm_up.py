@@ -13,11 +13,38 @@ import sys
 
 import pytest
 
-from loadtest.cold_start import count_flashinfer_builds, counters
 from tests.gpu.conftest import VOCAB
 from tools import REPO_ROOT
 
 SHAPES = [(2000, 20, 50), (20, 50, 20), (0, 1, 4000), (120, 10, 180), (0, 8, 300), (7, 3, 1)]
+FLASHINFER_BUILDS = [0]
+
+
+def count_flashinfer_builds() -> None:
+    """From now on, count FlashInfer's JIT module builds in FLASHINFER_BUILDS[0]."""
+    from flashinfer.jit import core
+
+    original = core.JitSpec.build_and_load
+
+    def counted(self, *args, **kwargs):
+        FLASHINFER_BUILDS[0] += 1
+        return original(self, *args, **kwargs)
+
+    core.JitSpec.build_and_load = counted
+
+
+def counters() -> dict[str, int]:
+    """Monotonic counts of what makes a first batch slow: Triton kernel variants compiled,
+    FlashInfer modules built, cudaMalloc calls and pinned host allocations."""
+    import torch
+
+    from gpu_worker.warmup import triton_variants
+
+    device = torch.cuda.memory_stats()
+    host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+    return {"triton_kernels": triton_variants(), "flashinfer_builds": FLASHINFER_BUILDS[0],
+            "cuda_malloc": device.get("num_device_alloc", -1),
+            "host_alloc": host.get("num_host_alloc", -1)}
 
 
 @pytest.mark.parametrize("cache_tokens", [0, 65536])

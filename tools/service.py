@@ -1,5 +1,6 @@
-"""Start the real app with `serve run` on a variant of a shipped config, for integration tests and
-the checks of scripts/. Failures raise RuntimeError or TimeoutError with the service's log."""
+"""Start the real app with `serve run` on a variant of a shipped config, for the tools (the
+dashboard check, the prefix benchmark) and the integration tests (tests/support adds their
+views of it). Failures raise RuntimeError or TimeoutError with the service's log."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import psutil
 import yaml
 
 from tools import DEFAULT_MODEL, REPO_ROOT
@@ -43,18 +43,6 @@ def small_model_config(model_path) -> dict:
     ingress = deployment(config, "ScoreIngress")
     ingress.pop("autoscaling_config")
     ingress.update(num_replicas=1)
-    return config
-
-
-def without_refusals(config: dict) -> dict:
-    """No admission limit anywhere (scorer token queue and wait, ingress proxy queue): for
-    tests where a 503 would hide a lost request or stop the load that scaling needs. Edits
-    in place."""
-    config["applications"][0]["args"]["scheduler"].update(max_queued_tokens=0, max_queue_wait_s=0)
-    ingress = deployment(config, "ScoreIngress")
-    ingress.update(max_ongoing_requests=1024)
-    for key in ("max_queued_requests", "backpressure_config"):
-        ingress.pop(key)
     return config
 
 
@@ -114,19 +102,6 @@ class LocalServer:
 class Service(LocalServer):
     """`serve run` of a config (start_service)."""
 
-    def lines_containing(self, secrets: list[str]) -> list[str]:
-        """`file:line number` of each line of serve run's output and of this service's Ray
-        session logs that holds one of `secrets` (API keys must appear in none)."""
-        found = []
-        logs = sorted((self.session_dir() / "logs").rglob("*"))
-        for path in [self.workdir / self.LOG_FILE, *logs]:
-            if not path.is_file():
-                continue
-            with open(path, errors="replace") as text:
-                found += [f"{path}:{number}" for number, line in enumerate(text, 1)
-                          if any(secret in line for secret in secrets)]
-        return found
-
     def session_dir(self) -> Path:
         """This service's own Ray session directory (other clusters may run beside it)."""
         return session_dir_of(self.proc.pid)
@@ -137,18 +112,6 @@ class Service(LocalServer):
 
     def dashboard_url(self) -> str:
         return dashboard_url(self.session_dir())
-
-    def replica_processes(self, deployment_name: str) -> list[psutil.Process]:
-        """Live replica processes of a deployment (Ray names them ServeReplica:APP:DEPLOYMENT)."""
-        marker = f"ServeReplica:score:{deployment_name}"
-        found = []
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                if any(marker in arg for arg in child.cmdline()):
-                    found.append(child)
-            except psutil.Error:
-                continue
-        return found
 
 
 def serve_cli() -> list[str]:

@@ -94,13 +94,14 @@ def test_a_served_ingress_refuses_past_its_share_before_any_work(small_model):
     import httpx
 
     import tools.service as tooling
+    from tests.support.service import replica_processes
 
     config = tooling.small_model_config(small_model)
     config["applications"][0]["args"]["admission"] = {"requests_per_scorer": 1}
     svc = tooling.start_service(config)
     body = {"query": [1, 2, 3], "items": [[4, 5], [6]], "label_token_ids": [7, 8]}
     try:
-        (scorer,) = svc.replica_processes("ScoreWorker")
+        (scorer,) = replica_processes(svc, "ScoreWorker")
 
         async def two_while_stopped() -> tuple[httpx.Response, list[httpx.Response]]:
             async with httpx.AsyncClient(base_url=svc.url, timeout=60) as client:

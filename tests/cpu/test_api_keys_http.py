@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.service import lines_containing
 from tools.prom import scrape
 from tools.service import wait_until
 
@@ -182,5 +183,5 @@ def test_removing_a_key_from_the_file_revokes_it_on_every_replica(served, api_ke
 def test_no_key_is_in_any_log_line(served, api_keys):
     # Last in this module: after right, wrong and revoked keys were sent in every client's way.
     assert SEEN_KEYS >= {WRONG_KEY, *api_keys.values()}
-    assert served.lines_containing(["ScoreIngress"])  # the search does read the logs
-    assert served.lines_containing(sorted(SEEN_KEYS | set(api_keys.values()))) == []
+    assert lines_containing(served, ["ScoreIngress"])  # the search does read the logs
+    assert lines_containing(served, sorted(SEEN_KEYS | set(api_keys.values()))) == []

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import tools.service as tooling
+from tests.support.service import replica_processes, without_refusals
 from tools.http_client import make_session
 from tools.loadgen import run_closed_loop
 from tools.prom import scrape, service_sample
@@ -58,14 +59,14 @@ async def _load_until_serving(url: str, metrics_url: str, replicas: int) -> tupl
 
 def test_load_scales_scorers_up_and_back_down_without_failures(small_model):
     # Nothing is refused here: the load waits while replicas are added.
-    config = tooling.without_refusals(tooling.small_model_config(small_model))
+    config = without_refusals(tooling.small_model_config(small_model))
     worker = tooling.deployment(config, "ScoreWorker")
     worker["ray_actor_options"]["num_cpus"] = 0.5  # 3 replicas fit Ray's 2 logical CPUs
     worker["autoscaling_config"].update(max_replicas=3, upscale_delay_s=1, downscale_delay_s=10)
     worker["autoscaling_config"]["policy"]["policy_kwargs"] = {"target_tokens_per_replica": 1024}
     svc = tooling.start_service(config, tooling.FAST_METRICS_ENV)
     try:
-        assert len(svc.replica_processes("ScoreWorker")) == 1
+        assert len(replica_processes(svc, "ScoreWorker")) == 1
         outcomes, seconds = asyncio.run(_load_until_serving(svc.url, svc.metrics_url(), 2))
         failures = [o.kind for o in outcomes if o.kind != OK]
         print(f"\n{len(outcomes)} requests, failures {failures}; two scorers serving after "
@@ -73,7 +74,7 @@ def test_load_scales_scorers_up_and_back_down_without_failures(small_model):
         assert seconds is not None, f"not two scorers serving after {SCALE_UP_DEADLINE_S} s"
         assert outcomes and not failures
         # Load gone: the extra replicas drain (graceful shutdown) and stop.
-        tooling.wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 1,
+        tooling.wait_until(lambda: len(replica_processes(svc, "ScoreWorker")) == 1,
                            SCALE_DOWN_DEADLINE_S, "back to one scorer replica", svc)
     finally:
         tooling.stop_service(svc)

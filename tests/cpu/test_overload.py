@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 import tools.service as tooling
+from tests.support.service import lines_containing, replica_processes
 from tools.http_client import make_session
 from tools.loadgen import RateConfig, run_rate
 from tools.prom import scrape, service_sample
@@ -75,7 +76,7 @@ def _refusal_lines(svc) -> int:
 
 
 def _rss_mb(svc) -> float:
-    procs = svc.replica_processes("ScoreWorker") + svc.replica_processes("ScoreIngress")
+    procs = replica_processes(svc, "ScoreWorker") + replica_processes(svc, "ScoreIngress")
     return sum(p.memory_info().rss for p in procs) / 2**20
 
 
@@ -211,4 +212,4 @@ def test_requests_whose_client_left_are_not_computed(service):
 
 def test_no_log_line_holds_the_key(service):
     # Read from the environment: Ray's logs of the raylet and workers must not show it either.
-    assert service.lines_containing([API_KEY]) == []
+    assert lines_containing(service, [API_KEY]) == []

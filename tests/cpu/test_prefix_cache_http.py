@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 import tools.service as tooling
+from tests.support.service import replica_processes
 from tools.prom import scrape
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
@@ -46,7 +47,7 @@ def test_repeats_of_a_query_hit_one_replica_and_survive_its_loss(small_model):
     rng = random.Random(7)
     svc = tooling.start_service(config, tooling.FAST_METRICS_ENV)
     try:
-        tooling.wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 240,
+        tooling.wait_until(lambda: len(replica_processes(svc, "ScoreWorker")) == 2, 240,
                            "two scorers", svc)
         metrics_url = svc.metrics_url()
 
@@ -83,11 +84,11 @@ def test_repeats_of_a_query_hit_one_replica_and_survive_its_loss(small_model):
         assert {k: after[k] - before[k] for k in after} == {
             "miss": QUERIES, "hit": QUERIES * (REPEATS - 1), "partial": 0, "bypass": 0}
 
-        victim = svc.replica_processes("ScoreWorker")[0]
+        victim = replica_processes(svc, "ScoreWorker")[0]
         victim.kill()
-        tooling.wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2
+        tooling.wait_until(lambda: len(replica_processes(svc, "ScoreWorker")) == 2
                            and victim.pid not in [p.pid for p in
-                                                  svc.replica_processes("ScoreWorker")],
+                                                  replica_processes(svc, "ScoreWorker")],
                            240, "killed scorer replaced", svc)
         # Its queries are computed again (by whichever replica now owns them); scores unchanged.
         for b, want in zip(bodies, first, strict=True):

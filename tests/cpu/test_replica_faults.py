@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 import tools.service as tooling
+from tests.support.service import replica_processes, without_refusals
 from tools.http_client import make_session
 from tools.loadgen import RateConfig, run_rate
 from tools.prom import scrape
@@ -49,16 +50,16 @@ def _burst_then_kill(svc, victim, statuses: list[int]) -> None:
 def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
     # On a busy machine the one scorer left is over capacity for a while, and a 503 there would
     # hide a loss.
-    config = tooling.without_refusals(tooling.small_model_config(small_model))
+    config = without_refusals(tooling.small_model_config(small_model))
     worker = tooling.deployment(config, "ScoreWorker")
     worker.pop("autoscaling_config")
     worker.update(num_replicas=2)
     worker["ray_actor_options"]["num_cpus"] = 0.5
     svc = tooling.start_service(config, tooling.FAST_METRICS_ENV)
     try:
-        tooling.wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 240,
+        tooling.wait_until(lambda: len(replica_processes(svc, "ScoreWorker")) == 2, 240,
                            "two scorers", svc)
-        victim = svc.replica_processes("ScoreWorker")[0]
+        victim = replica_processes(svc, "ScoreWorker")[0]
         burst_statuses: list[int] = []
         killer = threading.Timer(8.0, _burst_then_kill, (svc, victim, burst_statuses))
         killer.start()  # mid-run
@@ -82,7 +83,7 @@ def test_killing_a_scorer_replica_under_load_loses_no_request(small_model):
                                        if n == "ray_ranker_scorer_retries_total") >= 1,
                            60, "a retry counted", svc)
         # Serve replaces the dead replica; the service is healthy again.
-        tooling.wait_until(lambda: len(svc.replica_processes("ScoreWorker")) == 2, 240,
+        tooling.wait_until(lambda: len(replica_processes(svc, "ScoreWorker")) == 2, 240,
                            "dead scorer replaced", svc)
         assert httpx.get(f"{svc.url}/health", timeout=10).status_code == 200
     finally:

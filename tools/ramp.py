@@ -173,7 +173,7 @@ def summarize(outcomes: list[Outcome], rows: list[dict], phases: list[Phase]) ->
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.ramp", description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--phases", required=True, help="DURATION_S:RATE,...")
     p.add_argument("--metrics-url", default="auto", help="Prometheus URL, 'auto' or 'none'")

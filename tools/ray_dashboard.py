@@ -98,7 +98,8 @@ def how_to(dashboard: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.ray_dashboard",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--serve-pid", type=int, required=True, help="the `serve run` process")
     p.add_argument("--url", required=True, help="the service's HTTP address")
     p.add_argument("--timeout", type=float, default=600, help="seconds to wait for /health")

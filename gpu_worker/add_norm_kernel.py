@@ -3,7 +3,6 @@
 Keeping the residual in fp32 while activations stay bf16 removes a large rounding source of a
 bf16 forward (small sublayer outputs added to a large bf16 residual), for 50% more bytes in this
 one memory-bound kernel: closer to HF fp32, a little slower (docs/ARCHITECTURE.md, "Engine";
-the bf16/fp32 residual A/B is docs/results/bench_engine_h100*.json at 8e4c5b0, listed in
 docs/BENCHMARKS.md, "Earlier measurements").
 """
 

@@ -79,82 +79,107 @@ def cached_layout(sequences: list[PackedSequence], cached_slots: list[Sequence[i
     return qo_indptr, kv_indptr, kv_indices
 
 
-class FlashInferAttention:
-    """One per engine. `plan()` once per batch, then the model calls it once per layer."""
+def leading_cached(cached_slots: list[Sequence[int] | None] | None) -> int:
+    """How many sequences read the prefix cache's pool: they must come first, as
+    PrefixCache.plan orders them, because the pass over the pool covers one leading run of
+    rows."""
+    if not cached_slots:
+        return 0
+    n = next((i for i, slots in enumerate(cached_slots) if slots is None), len(cached_slots))
+    assert all(slots is None for slots in cached_slots[n:]), "cache readers must come first"
+    return n
 
-    def __init__(self, cfg: ModelConfig, device: torch.device, backend: str = "fa2") -> None:
+
+class _PlanFence:
+    """plan() stages its schedule in a pinned buffer that every plan() of the wrapper rewrites;
+    the previous plan's copy out of it must have run before the next one overwrites it."""
+
+    def __init__(self) -> None:
+        self._copied: torch.cuda.Event | None = None
+
+    def wait(self) -> None:
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def issued(self) -> None:
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
+
+def plan_wrapper(wrapper, cfg: ModelConfig, device: torch.device, qo_indptr: list[int],
+                 kv_indptr: list[int], kv_indices: array.array, dtype: torch.dtype,
+                 causal: bool = True, **kwargs) -> tuple[torch.Tensor, ...]:
+    """Plan the given layout (one-token pages); returns the page indices (pinned host and GPU
+    copy), which must stay alive until the batch finished. Call inside a _PlanFence."""
+    # A fresh pinned tensor each batch, copied without waiting; the kernel reads the copy on
+    # the GPU, so both stay referenced (Step.keep_alive) until the batch finished.
+    host = torch.frombuffer(kv_indices, dtype=torch.int32).pin_memory()
+    kv_indices_gpu = host.to(device, non_blocking=True)
+    # NOTE: the indptrs stay on the host: plan() reads them there, so CPU tensors mean no sync.
+    wrapper.plan(
+        torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32),
+        kv_indices_gpu, torch.ones(len(qo_indptr) - 1, dtype=torch.int32),  # 1-token pages
+        cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, 1,
+        causal=causal, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype,
+        **kwargs,
+    )
+    return host, kv_indices_gpu
+
+
+def run_paged(wrapper, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              return_lse: bool = False):
+    """The planned attention over the batch's own K/V, as [pages, page_size=1, heads, dim]
+    views; the kernel needs one stride for both (CudaOps lays them out so; TorchOps' split
+    views need a copy)."""
+    if k.stride() != v.stride():
+        k, v = k.contiguous(), v.contiguous()
+    # The kernel writes every output row (every row sees at least itself), so no zero fill.
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return wrapper.run(q, (k.unsqueeze(1), v.unsqueeze(1)), out=out, return_lse=return_lse)
+
+
+class FlashInferAttention:
+    """One per engine. `plan()` once per batch, then the model calls it once per layer.
+    `pool`: the prefix cache's K/V, [layers, slots, 2, Hkv, D], or None."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device,
+                 pool: torch.Tensor | None = None) -> None:
         import flashinfer
 
         self.cfg = cfg
         self.device = device
+        self.pool = pool
         self.workspace_gpu = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace_gpu, "NHD", backend=backend)
+            self.workspace_gpu, "NHD", backend="fa2")
         # The pass over the prefix cache's pool: its own plan, the same scratch (one stream).
         self.cached_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace_gpu, "NHD", backend=backend)
+            self.workspace_gpu, "NHD", backend="fa2")
         self._merge = flashinfer.merge_state_in_place
-        self._plan_copied: torch.cuda.Event | None = None
-        self.pool: torch.Tensor | None = None
-        self.cached_rows = 0  # the leading rows that also attend to the pool
-
-    def _wait_for_previous_plan(self) -> None:
-        # NOTE: plan() stages its schedule in a pinned buffer that every plan() rewrites; the
-        # previous plan's copy out of it must have run before we overwrite it.
-        if self._plan_copied is not None:
-            self._plan_copied.synchronize()
-
-    def _plan_issued(self) -> None:
-        self._plan_copied = torch.cuda.Event()
-        self._plan_copied.record()
-
-    def _plan_wrapper(self, wrapper, qo_indptr: list[int], kv_indptr: list[int],
-                      kv_indices: array.array, dtype: torch.dtype, causal: bool = True,
-                      **kwargs) -> tuple[torch.Tensor, ...]:
-        """Plan the given layout; returns the page indices (pinned host and GPU copy), which must
-        stay alive until the batch finished. Call between _wait_for_previous_plan() and
-        _plan_issued()."""
-        # A fresh pinned tensor each batch, copied without waiting; the kernel reads the copy on
-        # the GPU, so both stay referenced (Step.keep_alive) until the batch finished.
-        host = torch.frombuffer(kv_indices, dtype=torch.int32).pin_memory()
-        kv_indices_gpu = host.to(self.device, non_blocking=True)
-        # NOTE: the indptrs stay on the host: plan() reads them there, so CPU tensors mean no sync.
-        wrapper.plan(
-            torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32),
-            kv_indices_gpu, torch.ones(len(qo_indptr) - 1, dtype=torch.int32),  # 1-token pages
-            self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim, 1,
-            causal=causal, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype,
-            **kwargs,
-        )
-        return host, kv_indices_gpu
+        self._fence = _PlanFence()
+        self.cached_rows = 0  # the batch's leading rows that also attend to the pool
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             pool: torch.Tensor | None = None,
              cached_slots: list[Sequence[int] | None] | None = None
              ) -> tuple[torch.Tensor, ...]:
         """Plan the batch; returns the tensors that must stay alive until the batch finished."""
-        self._wait_for_previous_plan()
-        keep = self._plan_wrapper(self.wrapper, *paged_layout(sequences), dtype)
-        self.pool, self.cached_rows = pool, 0
-        if cached_slots and cached_slots[0] is not None:
-            layout = cached_layout(sequences, cached_slots)
-            keep += self._plan_wrapper(self.cached_wrapper, *layout, dtype, causal=False)
+        readers = leading_cached(cached_slots)
+        self._fence.wait()
+        keep = plan_wrapper(self.wrapper, self.cfg, self.device, *paged_layout(sequences), dtype)
+        self.cached_rows = 0
+        if readers:
+            layout = cached_layout(sequences[:readers], cached_slots[:readers])
+            keep += plan_wrapper(self.cached_wrapper, self.cfg, self.device, *layout, dtype,
+                                 causal=False)
             self.cached_rows = layout[0][-1]
-        self._plan_issued()
+        self._fence.issued()
         return keep
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
-        # K/V as [pages, page_size=1, heads, head_dim] views; the kernel needs one stride for
-        # both (CudaOps lays them out so; TorchOps' split views need a copy).
-        if k.stride() != v.stride():
-            k, v = k.contiguous(), v.contiguous()
-        # The kernel writes every output row (every row sees at least itself), so no zero fill.
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        kv = (k.unsqueeze(1), v.unsqueeze(1))
         if not self.cached_rows:
-            return self.wrapper.run(q, kv, out=out)
-        out, lse = self.wrapper.run(q, kv, out=out, return_lse=True)
+            return run_paged(self.wrapper, q, k, v)
+        out, lse = run_paged(self.wrapper, q, k, v, return_lse=True)
         rows, pool = self.cached_rows, self.pool[layer]  # [slots, 2, Hk, D]
         cached_out, cached_lse = self.cached_wrapper.run(
             q[:rows], (pool[:, 0].unsqueeze(1), pool[:, 1].unsqueeze(1)), return_lse=True)
@@ -162,7 +187,7 @@ class FlashInferAttention:
         return out
 
 
-class FlashInferGraphAttention(FlashInferAttention):
+class FlashInferGraphAttention:
     """The same attention for a CUDA-graph bucket of exactly `tokens` rows (gpu_worker/graphs.py).
 
     A captured kernel reads its metadata from fixed addresses with a fixed batch size, so every
@@ -171,9 +196,10 @@ class FlashInferGraphAttention(FlashInferAttention):
     `max_requests + 1`. FlashInfer's CUDA-graph mode keeps its indptr and index buffers fixed
     and, given the same row total and request count, plans the same tiles, so the launch
     arguments captured once stay valid; only the buffers change. Nothing reads the padding rows.
+    Batches that use the prefix cache run eagerly (docs/ARCHITECTURE.md, "Prefix cache").
     """
 
-    def __init__(self, cfg: ModelConfig, device: torch.device, backend: str, tokens: int,
+    def __init__(self, cfg: ModelConfig, device: torch.device, tokens: int,
                  max_requests: int, kv_capacity: int, workspace_gpu: torch.Tensor) -> None:
         import flashinfer
 
@@ -182,20 +208,18 @@ class FlashInferGraphAttention(FlashInferAttention):
         self.tokens = tokens
         self.max_requests = max_requests
         slots = max_requests + 1  # + the padding request
-        self.workspace_gpu = workspace_gpu  # scratch shared by all buckets: one stream runs them
         i32 = dict(dtype=torch.int32, device=device)
+        # `workspace_gpu`: scratch shared by all buckets, as one stream runs them.
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            workspace_gpu, "NHD", backend=backend, use_cuda_graph=True,
+            workspace_gpu, "NHD", backend="fa2", use_cuda_graph=True,
             qo_indptr_buf=torch.zeros(slots + 1, **i32),
             paged_kv_indptr_buf=torch.zeros(slots + 1, **i32),
             paged_kv_indices_buf=torch.zeros(kv_capacity + tokens, **i32),
             paged_kv_last_page_len_buf=torch.ones(slots, **i32))
-        self._plan_copied = None
-        self.pool, self.cached_rows = None, 0
+        self._fence = _PlanFence()
 
-    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             pool: None = None, cached_slots: None = None) -> tuple[torch.Tensor, ...]:
-        # Batches that use the prefix cache run eagerly (docs/ARCHITECTURE.md, "Prefix cache").
+    def plan(self, sequences: list[PackedSequence], dtype: torch.dtype
+             ) -> tuple[torch.Tensor, ...]:
         qo_indptr, kv_indptr, kv_indices = paged_layout(sequences)
         kv_indices.extend(row_indices(qo_indptr[-1], self.tokens))  # the padding request
         qo_indptr.append(self.tokens)
@@ -203,10 +227,14 @@ class FlashInferGraphAttention(FlashInferAttention):
         empty = self.max_requests + 2 - len(qo_indptr)
         qo_indptr.extend([self.tokens] * empty)
         kv_indptr.extend([len(kv_indices)] * empty)
+        self._fence.wait()
         # CUDA-graph mode would otherwise always split K/V and merge the parts: one more kernel,
         # and a summation order that differs from the eager path's.
-        self._wait_for_previous_plan()
-        keep = self._plan_wrapper(self.wrapper, qo_indptr, kv_indptr, kv_indices, dtype,
-                                  disable_split_kv=True)
-        self._plan_issued()
+        keep = plan_wrapper(self.wrapper, self.cfg, self.device, qo_indptr, kv_indptr,
+                            kv_indices, dtype, disable_split_kv=True)
+        self._fence.issued()
         return keep
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 layer: int) -> torch.Tensor:
+        return run_paged(self.wrapper, q, k, v)

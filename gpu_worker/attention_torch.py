@@ -36,21 +36,20 @@ def cached_query_mask(seq: PackedSequence, cached: int) -> torch.Tensor:
 
 
 class TorchAttention:
-    """`plan()` once per batch (the per-sequence masks), then called once per layer."""
+    """`plan()` once per batch (the per-sequence masks), then called once per layer.
+    `pool`: the prefix cache's K/V, [layers, slots, 2, Hkv, D], or None."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, pool: torch.Tensor | None = None) -> None:
         self.device = device
+        self.pool = pool
         self.bounds: list[tuple[int, int]] = []
         self.masks: list[torch.Tensor | None] = []  # None = plain causal
         self.cached: list[torch.Tensor | None] = []  # pool slots of a sequence's cached rows
-        self.pool: torch.Tensor | None = None
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             pool: torch.Tensor | None = None,
              cached_slots: list[Sequence[int] | None] | None = None) -> tuple[torch.Tensor, ...]:
         """Returns the tensors the batch needs until it finished (masks and slot indices)."""
         self.bounds, self.masks, self.cached, start = [], [], [], 0
-        self.pool = pool
         for seq, slots in zip(sequences, cached_slots or [None] * len(sequences), strict=True):
             self.bounds.append((start, start + seq.num_tokens))
             start += seq.num_tokens

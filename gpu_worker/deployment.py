@@ -11,6 +11,7 @@ from gpu_worker.engine import Engine
 from gpu_worker.heads import rerank_label_ids
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.scheduler import Scheduler
+from gpu_worker.startup import measure_budget, warm_up
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoredJob, ScoreJob
@@ -35,10 +36,10 @@ class ScoreWorker:
                                              config.rerank.resolved_prompt())
                             if config.rerank.classifier_from_labels else None)
         engine = Engine.from_config(config.resolved_model_path(), config.engine, head_from_labels)
-        budget = engine.measure_budget(config.scheduler.max_batch_tokens,
-                                       config.limits.max_seq_tokens)
+        budget = measure_budget(engine, config.scheduler.max_batch_tokens,
+                                config.limits.max_seq_tokens)
         # Before ready: a new request shape must not wait on a compile (a new replica neither).
-        engine.warm_up(budget.tokens, config.limits.max_seq_tokens)
+        warm_up(engine, budget.tokens, config.limits.max_seq_tokens)
         # The probe's rate, what record_autoscaling_stats compares the computed rate with.
         self.capacity_tokens_per_s = budget.capacity_tokens_per_s
         self.scheduler = Scheduler(engine, config.scheduler, batch_token_budget=budget.tokens)

@@ -13,29 +13,20 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_worker.model import CausalLMForScoring
+from gpu_worker.model import CausalLMForScoring, Linear, Ops, RMSNorm
+from ranker_contract.config import FP8_LINEARS, Fp8Config
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest e4m3 value
 MIN_SCALE = 1.0 / (FP8_MAX * 512)  # an all-zero row (padding) must not divide by zero
-LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper have FP8 tensor cores
 
-
-@dataclass(frozen=True)
-class Fp8Setting:
-    """Which linears run in FP8 (the others stay bf16), and how many of the first and last
-    decoder layers stay bf16 entirely."""
-
-    linears: tuple[str, ...] = LINEARS
-    bf16_first_layers: int = 0
-    bf16_last_layers: int = 0
+QuantizedRows = tuple[torch.Tensor, torch.Tensor]  # e4m3 [M, K], fp32 row scales [M, 1]
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,26 +82,34 @@ class Fp8Linear(nn.Module):
         weight, scale = row_quantizer(linear.weight.device)(linear.weight.detach())
         return cls(weight, scale, linear.bias, linear.weight.dtype)
 
-    def dequantized(self) -> nn.Linear:
+    def dequantized(self) -> Linear:
         """The float linear these e4m3 values and scales stand for (exact in fp32)."""
         weight = self.weight.float() * self.weight_scale.t()
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=self.bias is not None,
-                           device="meta")
+        linear = Linear(weight.shape[1], weight.shape[0], bias=self.bias is not None,
+                        device="meta")
         linear.weight = nn.Parameter(weight.to(self.out_dtype), requires_grad=False)
         linear.bias = self.bias
         return linear
 
-    takes_fp8_rows = True  # the norm before it may hand over quantized rows (ops.add_rms_norm)
+    # The input form of an FP8 linear: quantized rows, (e4m3 [M, K], fp32 scales [M, 1]). The
+    # methods below are model.Linear's, each making that form (gpu_worker/model.py).
 
-    def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x: [M, K] rows, or the same already quantized as (e4m3 [M, K], fp32 scales [M, 1])."""
-        return self._matmul(*(x if isinstance(x, tuple) else self.quantize(x)))
+    def rows(self, x: torch.Tensor) -> QuantizedRows:
+        return self.quantize(x)
 
-    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """forward(SiLU(gate) * up) for down_proj, the product quantized in the same kernel."""
-        return self._matmul(*self.quantize_silu_mul(gate_up))
+    def normed_rows(self, x, residual, norm: RMSNorm, ops: Ops):
+        """The norm writes the quantized rows itself (one kernel on CudaOps)."""
+        return ops.add_rms_norm_fp8(x, residual, norm.weight, norm.eps)
 
-    def _matmul(self, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def swiglu(self, x: QuantizedRows, down: Linear | Fp8Linear, ops: Ops):
+        return down.swiglu_rows(self(x), ops)
+
+    def swiglu_rows(self, gate_up: torch.Tensor, ops: Ops) -> QuantizedRows:
+        """SiLU(gate) * up, quantized in the same kernel."""
+        return self.quantize_silu_mul(gate_up)
+
+    def forward(self, rows: QuantizedRows) -> torch.Tensor:
+        q, scale = rows
         if q.is_cuda:
             return torch._scaled_mm(q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale,
                                     bias=self.bias, out_dtype=self.out_dtype)
@@ -120,7 +119,7 @@ class Fp8Linear(nn.Module):
         return out.to(self.out_dtype)
 
 
-def quantize_model(model: CausalLMForScoring, setting: Fp8Setting) -> int:
+def quantize_model(model: CausalLMForScoring, setting: Fp8Config) -> int:
     """Make the linears `setting` chooses Fp8Linear in place, and the others float: a float
     linear is quantized here; one loaded in e4m3 from an FP8 checkpoint but not chosen is
     dequantized. Returns how many linears changed."""
@@ -129,9 +128,9 @@ def quantize_model(model: CausalLMForScoring, setting: Fp8Setting) -> int:
     for i, layer in enumerate(layers):
         in_fp8 = setting.bf16_first_layers <= i < len(layers) - setting.bf16_last_layers
         for parent in (layer.self_attn, layer.mlp):
-            for name in LINEARS:
+            for name in FP8_LINEARS:
                 linear = getattr(parent, name, None)
-                if in_fp8 and name in setting.linears and isinstance(linear, nn.Linear):
+                if in_fp8 and name in setting.linears and isinstance(linear, Linear):
                     setattr(parent, name, Fp8Linear.from_linear(linear))
                     swapped += 1
                 elif not (in_fp8 and name in setting.linears) and isinstance(linear, Fp8Linear):

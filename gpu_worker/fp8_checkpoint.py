@@ -8,11 +8,12 @@ config.json's `quantization_config.quant_method` names the layout; two are loade
   fp8                 transformers' fine-grained FP8: e4m3 `weight` and `weight_scale_inv`
                       [N / bn, K / bk] (one per block), activations dynamic. Fp8Linear keeps one
                       scale per row, so each weight is dequantized in fp32 and its rows are
-                      quantized again: one more e4m3 rounding (README, "FP8 checkpoints").
+                      quantized again: one more e4m3 rounding (docs/OPERATIONS.md, "FP8
+                      checkpoints").
 Any other layout or setting is refused before the weights are read, naming the config field.
 
 With precision fp8 the decoder layers' linears stored in e4m3 become Fp8Linear; with precision
-bf16 only `engine.dequantize_fp8_checkpoint` lets such a folder load, every e4m3 tensor then
+bf16 only `engine.fp8.dequantize_checkpoint` lets such a folder load, every e4m3 tensor then
 dequantized (weight x scale in fp32, as both libraries do) to the engine's dtype. An e4m3
 tensor outside the decoder linears (an lm_head not ignored) is always dequantized: the head
 never runs in FP8.
@@ -74,8 +75,8 @@ class Fp8Checkpoint:
         if precision != "fp8" and not dequantize:
             raise ModelFolderError(
                 f"{folder} is an FP8 checkpoint (quantization_config.quant_method {method!r}): "
-                "set engine.precision: fp8 to run it in FP8, or engine.dequantize_fp8_checkpoint:"
-                " true to run its dequantized weights in engine.dtype")
+                "set engine.precision: fp8 to run it in FP8, or engine.fp8.dequantize_checkpoint:"
+                " true to run its dequantized weights in bf16 (float32 on cpu)")
         return cls(folder, method, block, precision == "fp8", dtype)
 
     @property
@@ -142,7 +143,7 @@ class Fp8Checkpoint:
                         len(kept), how, dequantized, self.dtype)
         else:
             logger.warning("%s: FP8 checkpoint (%s) dequantized to %s "
-                           "(engine.dequantize_fp8_checkpoint): %d weights", self.folder,
+                           "(engine.fp8.dequantize_checkpoint): %d weights", self.folder,
                            self.quant_method, self.dtype, dequantized)
         return state
 
@@ -179,7 +180,7 @@ def load_dtype(key: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtyp
 
 def _refuse(folder: Path, field: str, value, supported) -> None:
     raise ModelFolderError(f"{folder}: quantization_config.{field} is {value!r}; supported: "
-                           f"{supported!r} (README, 'FP8 checkpoints')")
+                           f"{supported!r} (docs/OPERATIONS.md, 'FP8 checkpoints')")
 
 
 def _check_compressed_tensors(folder: Path, quant: dict) -> None:

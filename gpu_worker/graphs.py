@@ -1,5 +1,5 @@
 """CUDA graphs of the whole forward (embedding → layers → score rows → label log-probs) for
-small batches, where ~300 eager launches cost more host time than the GPU work itself.
+small batches, where the eager launches of a forward cost more host time than its GPU work.
 
 One graph per (token bucket, score-row bucket), captured at start-up, largest first, into one
 shared memory pool. A batch is padded up to the smallest bucket that holds it: padding tokens go
@@ -8,12 +8,15 @@ into an attention request of their own
 entries point at row 0 / token 0, and only the first N outputs are read back. Delimiter
 positions come from the ingress, never from token values, so padding cannot create false item
 boundaries. Larger batches run eagerly (docs/ARCHITECTURE.md, "CUDA graphs").
+
+One process captures graphs for one model at a time (refuse_recapture below).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -40,12 +43,35 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
 
 
+# The model of the graph sets captured in this process that were freed since (see below).
+_freed_graphs_model: list[weakref.ref] = []
+
+
+def refuse_recapture(model: torch.nn.Module) -> None:
+    """Capturing graphs for a model after the graph set of another model was freed in the same
+    process faults: FlashInfer's prefill kernel then reads an illegal address on its first run
+    (found on an H100: the first set of 30 buckets freed, a second model loaded, its first
+    capture faults; the same model again, a small first set, or the first set kept alive do not;
+    under compute-sanitizer nothing faults, so its cause is not found). A replica builds one
+    engine, so the service never meets it; a test or tool that needs graphs for two models
+    keeps the first set alive."""
+    for ref in _freed_graphs_model:
+        if ref() is not model:  # another model, alive or not
+            raise RuntimeError(
+                "CUDA graphs were captured and freed for another model in this process; "
+                "capturing for a second model now faults (gpu_worker/graphs.py): keep the "
+                "first engine alive, or build this one in a new process")
+
+
 class CudaGraphs:
     def __init__(self, model: CausalLMForScoring, ops: Ops, token_buckets: list[int],
-                 backend: str, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device) -> None:
+        refuse_recapture(model)
         started = time.perf_counter()
         free_before, _ = torch.cuda.mem_get_info()
-        self.dtype = model.model.embed_tokens.weight.dtype  # any head
+        self.dtype = dtype
+        model_ref = weakref.ref(model)
+        weakref.finalize(self, _freed_graphs_model.append, model_ref)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         pool = torch.cuda.graph_pool_handle()
         self.graphs: list[_Graph] = []
@@ -54,11 +80,12 @@ class CudaGraphs:
                 # Every sequence has a score row per item and one attention block more than it
                 # has items, so `rows` items make at most 2 * rows blocks; the query rows each
                 # block after the first reads are at most `tokens`, for at most `rows` blocks.
-                attention = FlashInferGraphAttention(model.config, device, backend, tokens,
+                attention = FlashInferGraphAttention(model.config, device, tokens,
                                                      max_requests=2 * rows,
                                                      kv_capacity=tokens * (rows + 1),
                                                      workspace_gpu=workspace)
-                self.graphs.append(_capture(model, ops, attention, tokens, rows, pool, device))
+                self.graphs.append(_capture(model, ops, attention, tokens, rows, dtype, pool,
+                                            device))
         self.graphs.sort(key=lambda g: (g.tokens, g.rows))
         torch.cuda.synchronize()
         used = free_before - torch.cuda.mem_get_info()[0]
@@ -88,13 +115,13 @@ class CudaGraphs:
 
 
 def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAttention,
-             tokens: int, rows: int, pool, device: torch.device) -> _Graph:
+             tokens: int, rows: int, dtype: torch.dtype, pool, device: torch.device) -> _Graph:
     labels = rows * LABELS_PER_ROW
     meta = torch.zeros(2 * tokens + rows + 2 * labels, dtype=torch.int64, device=device)
     ids, positions, score_rows, label_rows, label_ids = meta.split(
         [tokens, tokens, rows, labels, labels])
     # all padding: the shapes are what matter
-    attention.plan([], model.model.embed_tokens.weight.dtype)
+    attention.plan([], dtype)
 
     def forward() -> torch.Tensor:
         hidden = model.model(ids, positions, score_rows, ops, attention)

@@ -24,7 +24,7 @@ ScoringModel = CausalLMForScoring | SequenceClassifierForScoring
 def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device,
                precision: str = "bf16", dequantize_fp8: bool = False,
                head_from_labels: tuple[int, int] | None = None) -> ScoringModel:
-    """`precision` and `dequantize_fp8` (engine.dequantize_fp8_checkpoint) decide how an FP8
+    """`precision` and `dequantize_fp8` (engine.fp8.dequantize_checkpoint) decide how an FP8
     checkpoint loads (gpu_worker/fp8_checkpoint.py); a bf16 checkpoint ignores them.
     `head_from_labels`: (yes, no) token ids; the causal LM is served as a one-class
     classifier of those rows of its LM head (gpu_worker/heads.py::classifier_from_label_rows)."""

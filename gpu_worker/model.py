@@ -5,6 +5,10 @@ Parameter names are HF's, except the two packed projections that every serving e
 the checkpoint (`PACKED_MODULES`). The model returns final hidden states only at the score rows;
 `label_logprobs` turns them into label log-probabilities. Element-wise ops come from `ops`
 (TorchOps or CudaOps, gpu_worker/ops.py) and attention from a backend that knows the packed layout.
+
+Each decoder linear's precision is fixed at load: a `Linear` here (bf16), or an `Fp8Linear`
+(gpu_worker/fp8.py) put in its place. Both read their input in their own form and say how the
+layer makes it (`normed_rows`, `swiglu`), so the forward is one path whatever each linear runs.
 """
 
 from __future__ import annotations
@@ -30,12 +34,11 @@ class AttentionBackend(Protocol):
     batch from the packing metadata, then one call per layer."""
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             pool: torch.Tensor | None = None,
              cached_slots: list[Sequence[int] | None] | None = None
              ) -> tuple[torch.Tensor, ...]:
         """Prepare the batch; returns tensors that must stay alive until it finished.
-        `cached_slots[i]`: the slots of `pool` (a prefix cache's K/V, [layers, slots, 2, Hkv,
-        D]) holding sequence i's first query rows, which it does not compute, or None; the
+        `cached_slots[i]`: the slots of the prefix cache's pool (given at construction)
+        holding sequence i's first query rows, which it does not compute, or None; the
         sequences with some come first (gpu_worker/prefix_cache.py)."""
         ...
 
@@ -47,11 +50,33 @@ class AttentionBackend(Protocol):
 
 class Ops(Protocol):
     def rms_norm(self, x, weight, eps): ...
-    def add_rms_norm(self, x, residual, weight, eps, fp8=False): ...
+    def add_rms_norm(self, x, residual, weight, eps): ...
+    def add_rms_norm_fp8(self, x, residual, weight, eps): ...
     def start_residual(self, x): ...
     def prepare_qkv(self, qkv, positions, attn: Attention): ...
     def gate_up_silu(self, x, weight): ...
     def silu_and_mul(self, gate_up): ...
+
+
+class Linear(nn.Linear):
+    """A decoder linear in the model's float dtype; its input is plain rows [M, K]."""
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` in the form this linear reads."""
+        return x
+
+    def normed_rows(self, x, residual, norm: RMSNorm, ops: Ops):
+        """(rms_norm(x + residual) in this linear's input form, x + residual)."""
+        return ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+
+    def swiglu(self, x, down: Linear, ops: Ops):
+        """As the gate/up projection: SiLU(gate) * up of x, in `down`'s input form (one fused
+        GEMM + SwiGLU on CudaOps when the batch is large)."""
+        return down.rows(ops.gate_up_silu(x, self.weight))
+
+    def swiglu_rows(self, gate_up: torch.Tensor, ops: Ops):
+        """As the down projection: SiLU(gate) * up of a gate/up output, in this input form."""
+        return ops.silu_and_mul(gate_up)
 
 
 class RMSNorm(nn.Module):
@@ -70,9 +95,9 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -80,27 +105,24 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x, positions, ops: Ops, attend: AttentionBackend, rows=None):
-        """`rows`: keep only these rows of the output (every row still serves as key/value)."""
+        """x: in qkv_proj's input form. `rows`: keep only these rows of the output (every row
+        still serves as key/value)."""
         q, k, v = ops.prepare_qkv(self.qkv_proj(x), positions, self)
         out = attend(q, k, v, self.layer).reshape(q.shape[0], self.q_size)
         if rows is not None:
             out = out.index_select(0, rows)
-        return self.o_proj(out)
+        return self.o_proj(self.o_proj.rows(out))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        if isinstance(self.gate_up_proj, nn.Linear):
-            return self.down_proj(ops.gate_up_silu(x, self.gate_up_proj.weight))
-        gate_up = self.gate_up_proj(x)  # FP8 (gpu_worker/fp8.py)
-        if isinstance(self.down_proj, nn.Linear):
-            return self.down_proj(ops.silu_and_mul(gate_up))
-        return self.down_proj.forward_silu_mul(gate_up)  # SiLU-and-mul fused with quantization
+    def forward(self, x, ops: Ops) -> torch.Tensor:
+        """x: in gate_up_proj's input form."""
+        return self.down_proj(self.gate_up_proj.swiglu(x, self.down_proj, ops))
 
 
 class DecoderLayer(nn.Module):
@@ -114,25 +136,18 @@ class DecoderLayer(nn.Module):
     def forward(self, x, residual, positions, ops: Ops, attend: AttentionBackend, rows=None):
         """x: the previous sublayer's output, added to `residual` here (fused with the norm).
         With `rows`, everything after attention runs on those rows only."""
-        norm = self.input_layernorm
-        if residual is None:
-            residual, x = ops.start_residual(x), ops.rms_norm(x, norm.weight, norm.eps)
+        qkv_proj, norm = self.self_attn.qkv_proj, self.input_layernorm
+        if residual is None:  # the first layer: the embeddings start the residual stream
+            residual = ops.start_residual(x)
+            x = qkv_proj.rows(ops.rms_norm(x, norm.weight, norm.eps))
         else:
-            x, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps,
-                                           fp8=_takes_fp8_rows(self.self_attn.qkv_proj))
+            x, residual = qkv_proj.normed_rows(x, residual, norm, ops)
         x = self.self_attn(x, positions, ops, attend, rows)
         if rows is not None:
             residual = residual.index_select(0, rows)
-        norm = self.post_attention_layernorm
-        x, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps,
-                                       fp8=_takes_fp8_rows(self.mlp.gate_up_proj))
+        x, residual = self.mlp.gate_up_proj.normed_rows(x, residual, self.post_attention_layernorm,
+                                                        ops)
         return self.mlp(x, ops), residual
-
-
-def _takes_fp8_rows(linear: nn.Module) -> bool:
-    """Whether `linear` reads its input as quantized rows, (e4m3, scales), which the norm before
-    it can then write directly (Fp8Linear, gpu_worker/fp8.py)."""
-    return getattr(linear, "takes_fp8_rows", False)
 
 
 class DecoderModel(nn.Module):

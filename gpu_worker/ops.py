@@ -3,9 +3,9 @@
 `TorchOps` follows HF's order of operations exactly (CPU, CI, and the GPU reference).
 `CudaOps` uses fused GPU kernels, imported once when it is built (so CPU-only hosts never import
 them, and no layer runs an import statement): our Triton kernels for residual-add + RMSNorm
-with an fp32 residual (gpu_worker/add_norm_kernel.py; FlashInfer's when the residual is bf16) and
-for q/k norm + RoPE in place (gpu_worker/qkv_kernel.py), the gate/up GEMM with SwiGLU fused for
-large batches (gpu_worker/gate_up_silu_kernel.py), and FlashInfer's RMSNorm and SiLU-and-mul.
+with an fp32 residual stream (gpu_worker/add_norm_kernel.py) and for q/k norm + RoPE in place
+(gpu_worker/qkv_kernel.py), the gate/up GEMM with SwiGLU fused for large batches
+(gpu_worker/gate_up_silu_kernel.py), and FlashInfer's RMSNorm and SiLU-and-mul.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from gpu_worker.fp8 import quantize_rows
 from ranker_contract.model_config import ModelConfig
 
 
@@ -49,11 +50,15 @@ class TorchOps:
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
         return weight * x32.to(x.dtype)
 
-    def add_rms_norm(self, x, residual, weight, eps, fp8=False):
-        """(rms_norm(x + residual), x + residual); the rows stay unquantized whatever `fp8` says
-        (an FP8 linear quantizes them itself)."""
+    def add_rms_norm(self, x, residual, weight, eps):
+        """(rms_norm(x + residual), x + residual)."""
         residual = x + residual
         return self.rms_norm(residual, weight, eps), residual
+
+    def add_rms_norm_fp8(self, x, residual, weight, eps):
+        """add_rms_norm with its rows quantized for an FP8 linear: ((e4m3, scales), residual)."""
+        x, residual = self.add_rms_norm(x, residual, weight, eps)
+        return quantize_rows(x), residual
 
     def start_residual(self, x: torch.Tensor) -> torch.Tensor:
         return x  # the model's dtype, as in HF
@@ -107,23 +112,21 @@ FUSED_GATE_UP_MIN_TOKENS = 8192
 
 
 class CudaOps:
-    def __init__(self, cfg: ModelConfig, device: torch.device, fp32_residual: bool = True,
-                 fused_gate_up: bool = True) -> None:
+    def __init__(self, cfg: ModelConfig, device: torch.device) -> None:
         # Imported here, once: a missing flashinfer or triton fails at start-up, clearly.
         from flashinfer.activation import silu_and_mul
-        from flashinfer.norm import fused_add_rmsnorm, rmsnorm
+        from flashinfer.norm import rmsnorm
 
         from gpu_worker.add_norm_kernel import add_rms_norm_fp32_residual
         from gpu_worker.fp8 import FP8_MAX, MIN_SCALE
         from gpu_worker.qkv_kernel import qkv_prepare
 
-        self._rmsnorm, self._fused_add_rmsnorm = rmsnorm, fused_add_rmsnorm
+        self._rmsnorm = rmsnorm
         self._add_rms_norm_fp32_residual = add_rms_norm_fp32_residual
         self._fp8_limits = (FP8_MAX, MIN_SCALE)
         self._qkv_prepare, self._silu_and_mul = qkv_prepare, silu_and_mul
-        self.fp32_residual = fp32_residual
         # The fused kernel loads its tiles by TMA: Hopper (compute capability 9) or newer.
-        self.fused_gate_up = fused_gate_up and torch.cuda.get_device_capability(device)[0] >= 9
+        self.fused_gate_up = torch.cuda.get_device_capability(device)[0] >= 9
         if self.fused_gate_up:  # its module needs a triton with TMA descriptors
             from gpu_worker.gate_up_silu_kernel import gate_up_silu
 
@@ -136,18 +139,17 @@ class CudaOps:
         shape = x.shape
         return self._rmsnorm(x.reshape(-1, shape[-1]), weight, eps).view(shape)
 
-    def add_rms_norm(self, x, residual, weight, eps, fp8=False):
-        # Both in place: residual += x, then x = rms_norm(residual). `fp8`: the rows feed an FP8
-        # linear; with an fp32 residual they come quantized from the same kernel, (e4m3, scales).
-        if residual.dtype == torch.float32 and x.dtype != torch.float32:
-            return self._add_rms_norm_fp32_residual(x, residual, weight, eps,
-                                                    self._fp8_limits if fp8 else None)
-        self._fused_add_rmsnorm(x, residual, weight, eps)
-        return x, residual
+    def add_rms_norm(self, x, residual, weight, eps):
+        # Both in place: residual += x, then x = rms_norm(residual).
+        return self._add_rms_norm_fp32_residual(x, residual, weight, eps)
+
+    def add_rms_norm_fp8(self, x, residual, weight, eps):
+        # The same kernel writes the rows quantized for an FP8 linear, (e4m3, scales).
+        return self._add_rms_norm_fp32_residual(x, residual, weight, eps, self._fp8_limits)
 
     def start_residual(self, x: torch.Tensor) -> torch.Tensor:
         # An fp32 residual stream is more exact, a little slower (gpu_worker/add_norm_kernel.py).
-        return x.float() if self.fp32_residual else x
+        return x.float()
 
     def prepare_qkv(self, qkv, positions, attn):
         has_norm = attn.q_norm is not None

@@ -39,67 +39,121 @@ class Limits(_Settings):
                                 "are split at item boundaries")
 
 
-class EngineConfig(_Settings):
-    device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    attention: Literal["torch", "flashinfer"] = Field(
-        "torch", description="torch: SDPA + explicit multi-item mask; flashinfer: GPU")
-    ops: Literal["torch", "cuda"] = Field(
-        "torch", description="element-wise kernels: torch (HF's order) or cuda (fused, GPU)")
-    flashinfer_backend: Literal["fa2", "fa3"] = Field(
-        "fa2", description="fa2 measured faster for multi-item attention")
-    fp32_residual: bool = Field(True, description="ops cuda: fp32 residual stream (more exact, "
-                                "a little slower)")
-    fused_gate_up: bool = Field(True, description="ops cuda, Hopper or newer: large batches run "
-                                "gate_up + SwiGLU as one GEMM (same output, fewer passes)")
-    torch_threads: int = Field(0, ge=0, description="CPU only; 0 = one per core")
-    cuda_graphs: bool = Field(False, description="replay captured forwards for batches up to "
-                              "the largest bucket (needs attention flashinfer, ops cuda)")
-    precision: Literal["bf16", "fp8"] = Field(
-        "bf16", description="fp8: W8A8 e4m3 linears (per-channel weights, per-token activations) "
-        "on GPUs of compute capability 8.9+; changes scores: see README 'FP8'")
-    fp8_linears: tuple[Literal["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], ...] = Field(
-        ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
-        description="precision fp8: which linears of each layer run in FP8; the rest stay bf16")
-    fp8_bf16_first_layers: int = Field(0, ge=0, description="precision fp8: first layers kept bf16")
-    fp8_bf16_last_layers: int = Field(0, ge=0, description="precision fp8: last layers kept bf16")
-    dequantize_fp8_checkpoint: bool = Field(
+FP8_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class Fp8Config(_Settings):
+    """engine.fp8: which linears run in FP8 under precision fp8 (docs/OPERATIONS.md, "FP8"),
+    and what a precision bf16 engine does with an FP8 checkpoint."""
+
+    linears: tuple[Literal["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], ...] = Field(
+        FP8_LINEARS, description="which linears of each layer run in FP8; the rest stay bf16")
+    bf16_first_layers: int = Field(0, ge=0, description="first decoder layers kept bf16")
+    bf16_last_layers: int = Field(0, ge=0, description="last decoder layers kept bf16")
+    dequantize_checkpoint: bool = Field(
         False, description="precision bf16 with an FP8 checkpoint: run its weights dequantized "
-        "(e4m3 x scale) in engine.dtype; without it such a model folder is refused at start-up")
-    prefix_cache_tokens: int = Field(
-        0, ge=0, description="K/V of recent queries kept per replica, in tokens (all layers); "
-        "a request whose query is cached computes only its items; 0 = off. Sizing: README "
-        "'Prefix cache'")
-    prefix_cache_min_tokens: int = Field(
-        64, gt=0, description="queries shorter than this are never cached (too little to save)")
-    prefix_cache_min_query_share: float = Field(
-        0.2, ge=0.0, le=1.0, description="nor are queries under this share of their sequence's "
-        "tokens: reading the cache costs every item row a second attention pass and a merge, "
-        "more than a short query saves (README 'Prefix cache')")
-    prefix_cache_page_tokens: int = Field(
-        16, gt=0, description="queries are cached in pages of this many tokens: a query that "
-        "starts like a cached one reuses the pages they share")
-    cuda_graph_buckets: tuple[int, ...] = Field(
+        "(e4m3 x scale); without it such a model folder is refused at start-up")
+
+
+class CudaGraphsConfig(_Settings):
+    enabled: bool = Field(False, description="replay captured forwards for batches up to the "
+                          "largest bucket (device cuda)")
+    token_buckets: tuple[int, ...] = Field(
         (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096),
         description="batch token sizes captured; larger batches run eagerly")
 
     @model_validator(mode="after")
-    def _gpu_kernels_need_cuda(self) -> EngineConfig:
-        for name, gpu_only in (("attention", "flashinfer"), ("ops", "cuda")):
-            if getattr(self, name) == gpu_only and self.device != "cuda":
-                raise ValueError(f"{name} {gpu_only!r} needs device 'cuda'")
-        if self.cuda_graphs and self.ops != "cuda":
-            # TorchOps copies its RoPE table to the device in every forward: not capturable.
-            raise ValueError(f"engine.cuda_graphs: true needs engine.ops 'cuda', not "
-                             f"{self.ops!r} (its CPU-to-CUDA copies cannot be captured)")
-        if self.cuda_graphs and self.attention != "flashinfer":
-            raise ValueError("engine.cuda_graphs: true needs engine.attention 'flashinfer'")
-        if self.precision == "fp8" and (self.device != "cuda" or self.dtype != "bfloat16"):
-            raise ValueError("engine.precision: fp8 needs engine.device 'cuda' and engine.dtype "
-                             f"'bfloat16', not {self.device!r} and {self.dtype!r}")
-        if any(b <= 0 for b in self.cuda_graph_buckets):
-            raise ValueError("cuda_graph_buckets must be positive token counts")
+    def _positive(self) -> CudaGraphsConfig:
+        if not self.token_buckets or any(b <= 0 for b in self.token_buckets):
+            raise ValueError("engine.cuda_graphs.token_buckets must be positive token counts")
         return self
+
+
+class PrefixCacheConfig(_Settings):
+    tokens: int = Field(
+        0, ge=0, description="K/V of recent queries kept per replica, in tokens (all layers); "
+        "a request whose query is cached computes only its items; 0 = off. Sizing: "
+        "docs/OPERATIONS.md, 'Prefix cache'")
+    min_tokens: int = Field(
+        64, gt=0, description="queries shorter than this are never cached (too little to save)")
+    min_query_share: float = Field(
+        0.2, ge=0.0, le=1.0, description="nor are queries under this share of their sequence's "
+        "tokens: reading the cache costs every item row a second attention pass and a merge, "
+        "more than a short query saves")
+    page_tokens: int = Field(
+        16, gt=0, description="queries are cached in pages of this many tokens: a query that "
+        "starts like a cached one reuses the pages they share")
+
+    @property
+    def enabled(self) -> bool:
+        return self.tokens > 0
+
+
+# Keys an older config may still hold: where each went (a start-up error says so).
+MOVED_ENGINE_KEYS = {
+    "cuda_graph_buckets": "engine.cuda_graphs.token_buckets",
+    "prefix_cache_tokens": "engine.prefix_cache.tokens",
+    "prefix_cache_min_tokens": "engine.prefix_cache.min_tokens",
+    "prefix_cache_min_query_share": "engine.prefix_cache.min_query_share",
+    "prefix_cache_page_tokens": "engine.prefix_cache.page_tokens",
+    "fp8_linears": "engine.fp8.linears",
+    "fp8_bf16_first_layers": "engine.fp8.bf16_first_layers",
+    "fp8_bf16_last_layers": "engine.fp8.bf16_last_layers",
+    "dequantize_fp8_checkpoint": "engine.fp8.dequantize_checkpoint",
+}
+REMOVED_ENGINE_KEYS = {
+    "dtype": "the device sets it: bfloat16 on cuda, float32 on cpu",
+    "attention": "the device sets it: FlashInfer on cuda, torch SDPA on cpu",
+    "ops": "the device sets it: fused kernels on cuda, torch ops on cpu",
+    "flashinfer_backend": "FlashInfer's fa2 backend always runs (measured faster than fa3 here)",
+    "fp32_residual": "the residual stream is always fp32 on cuda",
+    "fused_gate_up": "the fused gate/up kernel runs wherever the GPU has TMA (Hopper or newer)",
+}
+
+
+class EngineConfig(_Settings):
+    """How a scorer replica computes. The product's axes only: precision × CUDA graphs × prefix
+    cache (× the model's head); everything else follows from the device."""
+
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="cuda: bf16 weights, FlashInfer attention, fused kernels, an fp32 "
+        "residual stream; cpu: float32 and torch ops (development, CI)")
+    precision: Literal["bf16", "fp8"] = Field(
+        "bf16", description="fp8: W8A8 e4m3 linears (per-channel weights, per-token "
+        "activations) on GPUs of compute capability 8.9+; changes scores: docs/OPERATIONS.md, "
+        "'FP8'. bf16 on cpu runs float32")
+    fp8: Fp8Config = Fp8Config()
+    cuda_graphs: CudaGraphsConfig = CudaGraphsConfig()
+    prefix_cache: PrefixCacheConfig = PrefixCacheConfig()
+    torch_threads: int = Field(0, ge=0, description="cpu only; 0 = one per core")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keys(cls, data):
+        if isinstance(data, dict):
+            for key in data:
+                if key in MOVED_ENGINE_KEYS:
+                    raise ValueError(f"engine.{key} moved to {MOVED_ENGINE_KEYS[key]}")
+                if key in REMOVED_ENGINE_KEYS:
+                    raise ValueError(f"engine.{key} was removed: {REMOVED_ENGINE_KEYS[key]}")
+            if isinstance(data.get("cuda_graphs"), bool):
+                raise ValueError("engine.cuda_graphs is a section now: cuda_graphs: {enabled: "
+                                 f"{str(data['cuda_graphs']).lower()}}}")
+        return data
+
+    @model_validator(mode="after")
+    def _needs_cuda(self) -> EngineConfig:
+        if self.cuda_graphs.enabled and self.device != "cuda":
+            raise ValueError("engine.cuda_graphs.enabled: true needs engine.device 'cuda'")
+        if self.precision == "fp8" and self.device != "cuda":
+            raise ValueError("engine.precision: fp8 needs engine.device 'cuda' (FP8 tensor "
+                             "cores); use precision bf16 on cpu")
+        return self
+
+    @property
+    def dtype(self) -> str:
+        """The weights' and activations' float type, a torch dtype name."""
+        return "bfloat16" if self.device == "cuda" else "float32"
 
 
 class SchedulerConfig(_Settings):
@@ -127,8 +181,8 @@ class RerankPrompt(_Settings):
     """One rerank prompt: `prefix` (with {query}, optional {instruction}) + per document
     `document` (with {document}) + `suffix`; on a causal LM the score is P(yes) / (P(yes) +
     P(no)) at the last suffix token, and each label must be exactly one token of the model
-    (checked at start-up). A classification model scores with its head there instead (README,
-    "Classification models"): its template may leave the labels out."""
+    (checked at start-up). A classification model scores with its head there instead
+    (docs/API.md, "Models"): its template may leave the labels out."""
 
     prefix: str
     document: str = "{document}"

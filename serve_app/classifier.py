@@ -1,5 +1,5 @@
-"""What the scoring routes mean on a sequence-classification model (num_labels classes; README,
-"Classification models"). The scorer returns each requested class's logit at an item's score
+"""What the scoring routes mean on a sequence-classification model (num_labels classes;
+docs/API.md, "Models"). The scorer returns each requested class's logit at an item's score
 row, what HF's `*ForSequenceClassification` gives for query + item alone.
 
 /v1/score

@@ -203,9 +203,8 @@ class ScoreIngress:
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
         # Routing keys only for queries the scorers would cache (None: no cache, no key).
-        engine = config.engine
-        self.cacheable = ((engine.prefix_cache_min_tokens, engine.prefix_cache_min_query_share)
-                          if engine.prefix_cache_tokens else None)
+        cache = config.engine.prefix_cache
+        self.cacheable = (cache.min_tokens, cache.min_query_share) if cache.enabled else None
         keys = KeyStore(config.auth) if config.auth.enabled else None  # bad keys: start fails
         self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,))
         if keys is not None:

@@ -39,9 +39,9 @@ import torch
 from tqdm import tqdm
 
 from gpu_worker.engine import Engine
-from gpu_worker.fp8 import LINEARS, Fp8Setting, quantize_model
+from gpu_worker.fp8 import quantize_model
 from gpu_worker.loader import load_model
-from ranker_contract.config import EngineConfig, Limits, RerankConfig
+from ranker_contract.config import FP8_LINEARS, EngineConfig, Fp8Config, Limits, RerankConfig
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence, merge_results, pack_request
 from serve_app.rerank import RerankInput, RerankPrompter, relevance
@@ -55,8 +55,8 @@ MIN_MRR_RATIO = 0.99
 # bf16's MRR must beat a random order's by this much (about 2 standard errors at 100 requests)
 # for MRR to tell settings apart; below it the recommendation rests on chance.
 MIN_MRR_OVER_RANDOM = 0.05
-FP8_LINEARS = {
-    "all": LINEARS,
+SETTING_LINEARS = {
+    "all": FP8_LINEARS,
     "no_down": ("qkv_proj", "o_proj", "gate_up_proj"),
     "no_o": ("qkv_proj", "gate_up_proj", "down_proj"),
     "qkv_gate_up": ("qkv_proj", "gate_up_proj"),
@@ -165,25 +165,19 @@ def quality(logprobs: list[list[list[float]]], requests: list[LabelledRequest]) 
 
 # ---- requests, engines, scoring ----
 
-def parse_setting(name: str) -> Fp8Setting:
-    """`all`, `no_down`, `no_o`, `qkv_gate_up`, `edgesN`, or a `+` of one of each."""
-    linears, edges = LINEARS, 0
+def parse_setting(name: str) -> Fp8Config:
+    """`all`, `no_down`, `no_o`, `qkv_gate_up`, `edgesN`, or a `+` of one of each: the
+    engine.fp8 section that serves it."""
+    linears, edges = FP8_LINEARS, 0
     for part in name.split("+"):
-        if part in FP8_LINEARS:
-            linears = FP8_LINEARS[part]
+        if part in SETTING_LINEARS:
+            linears = SETTING_LINEARS[part]
         elif match := re.fullmatch(r"edges(\d+)", part):
             edges = int(match[1])
         else:
             raise ValueError(f"unknown FP8 setting part {part!r} in {name!r}: use "
-                             f"{', '.join(FP8_LINEARS)} or edgesN")
-    return Fp8Setting(linears, edges, edges)
-
-
-def engine_fields(setting: Fp8Setting) -> dict:
-    """The EngineConfig fields that serve `setting`: precision fp8 and its knobs."""
-    return {"precision": "fp8", "fp8_linears": setting.linears,
-            "fp8_bf16_first_layers": setting.bf16_first_layers,
-            "fp8_bf16_last_layers": setting.bf16_last_layers}
+                             f"{', '.join(SETTING_LINEARS)} or edgesN")
+    return Fp8Config(linears=linears, bf16_first_layers=edges, bf16_last_layers=edges)
 
 
 def read_jsonl(path: Path) -> list[LabelledRequest]:
@@ -214,19 +208,19 @@ def pack_all(folder: Path, template: str, requests: list[LabelledRequest]
 def build_engine(folder: Path, precision: str, device: str) -> Engine:
     """`fp32`, `bf16` or an FP8 setting name, on the CPU (FP8 simulated) or the GPU. An FP8
     checkpoint runs its stored e4m3 linears in the FP8 settings and is dequantized in the
-    others (README, "FP8 checkpoints")."""
+    others (docs/OPERATIONS.md, "FP8 checkpoints"). fp32 runs HF's order of operations
+    (the engine's reference kernels), on either device."""
     setting = None if precision in ("fp32", "bf16") else parse_setting(precision)
-    dtype = "float32" if precision == "fp32" else "bfloat16"
-    if device == "cuda":
-        fast = dict(attention="flashinfer", ops="cuda") if dtype == "bfloat16" else {}
-        fp8 = engine_fields(setting) if setting else {}
+    if device == "cuda" and precision != "fp32":
+        fp8 = Fp8Config(dequantize_checkpoint=True) if setting is None else setting
         return Engine.from_config(folder, EngineConfig(
-            device="cuda", dtype=dtype, dequantize_fp8_checkpoint=setting is None, **fast, **fp8))
-    model = load_model(folder, getattr(torch, dtype), torch.device("cpu"),
-                       "fp8" if setting else "bf16", dequantize_fp8=setting is None)
-    if setting is not None:
+            device="cuda", precision="fp8" if setting else "bf16", fp8=fp8))
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    model = load_model(folder, dtype, torch.device(device), "fp8" if setting else "bf16",
+                       dequantize_fp8=setting is None)
+    if setting is not None:  # off CUDA: the FP8 GEMMs simulated in fp32 (gpu_worker/fp8.py)
         quantize_model(model, setting)
-    return Engine(model, torch.device("cpu"), EngineConfig(dtype=dtype))
+    return Engine(model, torch.device(device), reference=True)
 
 
 def score_all(engine: Engine, label_ids: list[int], packed: list[Packed],

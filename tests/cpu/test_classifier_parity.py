@@ -139,13 +139,13 @@ def test_an_unknown_head_is_refused_naming_the_architecture(tiny_classifier, tmp
 
 
 def test_a_prefix_cache_hit_scores_the_classes_as_hf(case):
-    """The prefix cache (engine.prefix_cache_tokens) sits under the head: a hit, which runs only
+    """The prefix cache (engine.prefix_cache.tokens) sits under the head: a hit, which runs only
     the item blocks against the cached query rows, gives HF's logits as the miss did."""
     from gpu_worker.engine import Engine
     from ranker_contract.config import EngineConfig
 
-    engine = Engine.from_config(case["path"], EngineConfig(prefix_cache_tokens=4096,
-                                                           prefix_cache_min_tokens=8))
+    engine = Engine.from_config(case["path"], EngineConfig(prefix_cache={"tokens": 4096,
+                                                                         "min_tokens": 8}))
     query, items, delim = case["query"], case["items"], case["delimiter"]
     # No empty item: one scores at the query's last row, which a hit does not compute.
     for attempt, chosen in (("miss", [items[0], items[2]]), ("hit", [items[3], items[0]])):

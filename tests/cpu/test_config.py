@@ -135,27 +135,44 @@ def test_builder_args_reject_unknown_keys_and_bad_limits():
     with pytest.raises(ValidationError):
         AppConfig.model_validate({"model_pth": "x"})
     with pytest.raises(ValidationError):
-        AppConfig.model_validate({"engine": {"attention": "flash"}})
+        AppConfig.model_validate({"engine": {"precision": "int8"}})
     with pytest.raises(ValidationError):
         AppConfig(limits=Limits(max_seq_tokens=9000),
                   scheduler=SchedulerConfig(max_batch_tokens=8192))
-    with pytest.raises(ValidationError, match="needs device 'cuda'"):
-        EngineConfig(ops="cuda")
+    with pytest.raises(ValidationError, match="needs engine.device 'cuda'"):
+        EngineConfig(cuda_graphs={"enabled": True})
     with pytest.raises(ValidationError, match="needs engine.device 'cuda'"):
         AppConfig(scheduler=SchedulerConfig(max_batch_tokens=0))
     with pytest.raises(ValidationError):  # frozen: settings never change after start
         AppConfig().limits.max_seq_tokens = 5
 
 
-def test_cuda_graphs_with_torch_ops_is_refused_at_validation():
-    """torch ops copy between CPU and CUDA inside the forward, which a CUDA graph capture
-    cannot hold: refused when the settings are read, naming both keys, not at capture."""
-    gpu = dict(device="cuda", attention="flashinfer")
-    with pytest.raises(ValidationError, match=r"engine\.cuda_graphs.*engine\.ops"):
-        EngineConfig(**gpu, ops="torch", cuda_graphs=True)
-    EngineConfig(**gpu, ops="torch", cuda_graphs=False)
-    EngineConfig(**gpu, ops="cuda", cuda_graphs=True)
-    EngineConfig(**gpu, ops="cuda", cuda_graphs=True, precision="fp8", dtype="bfloat16")
+@pytest.mark.parametrize("old, says", [
+    ({"prefix_cache_tokens": 4096}, "engine.prefix_cache_tokens moved to engine.prefix_cache"),
+    ({"cuda_graph_buckets": [256]}, "moved to engine.cuda_graphs.token_buckets"),
+    ({"fp8_linears": ["qkv_proj"]}, "moved to engine.fp8.linears"),
+    ({"dequantize_fp8_checkpoint": True}, "moved to engine.fp8.dequantize_checkpoint"),
+    ({"dtype": "bfloat16"}, "engine.dtype was removed: the device sets it"),
+    ({"attention": "flashinfer"}, "engine.attention was removed"),
+    ({"flashinfer_backend": "fa3"}, "engine.flashinfer_backend was removed"),
+    ({"fp32_residual": False}, "engine.fp32_residual was removed"),
+    ({"cuda_graphs": True}, r"engine.cuda_graphs is a section now: cuda_graphs: \{enabled: true\}"),
+])
+def test_an_old_engine_key_names_its_new_place(old, says):
+    """A config written for the flat engine section fails at start-up, saying where each key
+    went (or why it is gone), never silently."""
+    with pytest.raises(ValidationError, match=says):
+        AppConfig.model_validate({"engine": {"device": "cuda", **old}})
+
+
+def test_the_engine_holds_the_product_axes_and_derives_the_rest():
+    gpu = EngineConfig(device="cuda", precision="fp8", cuda_graphs={"enabled": True},
+                       prefix_cache={"tokens": 4096})
+    assert (gpu.dtype, gpu.cuda_graphs.enabled, gpu.prefix_cache.enabled) == (
+        "bfloat16", True, True)
+    assert EngineConfig().dtype == "float32" and not EngineConfig().prefix_cache.enabled
+    with pytest.raises(ValidationError, match="token_buckets must be positive"):
+        EngineConfig(device="cuda", cuda_graphs={"enabled": True, "token_buckets": [0]})
 
 
 def test_missing_model_folder_names_the_prepare_command(tmp_path):

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gpu_worker.fp8 import Fp8Setting
+from ranker_contract.config import Fp8Config
 from tools.fidelity import (
     compare,
     kendall_tau,
@@ -118,9 +118,10 @@ def test_compare_two_precisions_on_one_request():
 
 
 def test_settings_parse_and_the_recommendation_needs_99_percent_of_a_useful_bf16():
-    assert parse_setting("all") == Fp8Setting()
-    assert parse_setting("no_o+edges2") == Fp8Setting(("qkv_proj", "gate_up_proj", "down_proj"),
-                                                      2, 2)
+    assert parse_setting("all") == Fp8Config()
+    assert parse_setting("no_o+edges2") == Fp8Config(
+        linears=("qkv_proj", "gate_up_proj", "down_proj"), bf16_first_layers=2,
+        bf16_last_layers=2)
     with pytest.raises(ValueError, match="no_up"):
         parse_setting("no_up")
 

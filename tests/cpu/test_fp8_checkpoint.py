@@ -19,9 +19,10 @@ import torch
 from safetensors.torch import load_file
 
 from gpu_worker.engine import Engine
-from gpu_worker.fp8 import Fp8Linear, Fp8Setting, quantize_model
+from gpu_worker.fp8 import Fp8Linear, quantize_model
 from gpu_worker.loader import load_model
-from ranker_contract.config import EngineConfig
+from gpu_worker.model import Linear
+from ranker_contract.config import EngineConfig, Fp8Config
 from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import pack_multi_item
 from tests.cpu.conftest import randomize_weights
@@ -175,14 +176,14 @@ def test_dequantized_fp8_checkpoint_holds_the_library_dequantized_weights(checkp
     for layer in range(FP8_SHAPE["num_hidden_layers"]):
         for packed in PACKED:
             linear = _linear(model, layer, packed)
-            assert type(linear) is torch.nn.Linear
+            assert type(linear) is Linear
             assert torch.equal(linear.weight, _hf_packed(hf, layer, packed))
 
 
 @pytest.mark.parametrize("fmt", WRITERS)
 def test_dequantized_fp8_checkpoint_scores_like_transformers(checkpoint, fmt):
     path = checkpoint(fmt)
-    engine = Engine.from_config(path, EngineConfig(dequantize_fp8_checkpoint=True))
+    engine = Engine.from_config(path, EngineConfig(fp8=Fp8Config(dequantize_checkpoint=True)))
     worst = _worst_vs_hf(engine, _hf_dequantized(path))
     assert worst <= TOL, f"max |Δ logprob| {worst:.2e}"
 
@@ -192,7 +193,7 @@ def test_compressed_tensors_fp8_simulated_w8a8_scores_like_compressed_tensors(ch
     stored weights, against compressed-tensors' own W8A8 simulation of the same checkpoint."""
     path = checkpoint("compressed-tensors")
     model = load_model(path, torch.float32, CPU, precision="fp8")
-    fp8 = Engine(model, CPU, EngineConfig())  # EngineConfig refuses fp8 on CPU; the model is FP8
+    fp8 = Engine(model, CPU)  # EngineConfig refuses fp8 on CPU; the model is FP8
     worst = _worst_vs_hf(fp8, _hf_dequantized(path, activations_quantized=True))
     plain = _worst_vs_hf(fp8, _hf_dequantized(path))
     print(f"simulated W8A8 vs compressed-tensors' W8A8: {worst:.2e}; vs its weights without "
@@ -227,10 +228,10 @@ def test_settings_choose_which_stored_fp8_linears_run_in_fp8(checkpoint):
     model = load_model(path, torch.float32, CPU, precision="fp8")
     stored_qkv = _linear(model, 1, "self_attn.qkv_proj").weight.clone()
     expected_down = _linear(model, 1, "mlp.down_proj").dequantized().weight
-    setting = Fp8Setting(linears=("qkv_proj", "o_proj", "gate_up_proj"), bf16_first_layers=1)
+    setting = Fp8Config(linears=("qkv_proj", "o_proj", "gate_up_proj"), bf16_first_layers=1)
     assert quantize_model(model, setting) == 4 + 1  # layer 0 entirely, layer 1's down_proj
     first = model.model.layers[0]
-    assert all(type(m) is torch.nn.Linear for m in (
+    assert all(type(m) is Linear for m in (
         first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj,
         first.mlp.down_proj))
     assert torch.equal(_linear(model, 1, "mlp.down_proj").weight, expected_down)
@@ -247,11 +248,11 @@ def test_fidelity_tool_compares_the_stored_fp8_with_its_dequantized_weights(chec
     assert torch.equal(fp8.mlp.down_proj.weight, down)
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         qkv = build_engine(path, precision, "cpu").model.model.layers[1].self_attn.qkv_proj
-        assert type(qkv) is torch.nn.Linear and qkv.weight.dtype == dtype
+        assert type(qkv) is Linear and qkv.weight.dtype == dtype
 
 
 def test_fp8_checkpoint_with_precision_bf16_needs_dequantize_explicitly(checkpoint):
-    with pytest.raises(ModelFolderError, match="engine.dequantize_fp8_checkpoint"):
+    with pytest.raises(ModelFolderError, match="engine.fp8.dequantize_checkpoint"):
         Engine.from_config(checkpoint("fine-grained"), EngineConfig())
 
 
@@ -337,7 +338,7 @@ def test_unsupported_layouts_fail_at_start_up_naming_the_field(checkpoint, tmp_p
                                                  tmp_path / "m", config())
     else:
         path = rewrite_fine_grained_config(checkpoint("fine-grained"), tmp_path / "m", config())
-    for cfg in (EngineConfig(dequantize_fp8_checkpoint=True), EngineConfig()):
+    for cfg in (EngineConfig(fp8=Fp8Config(dequantize_checkpoint=True)), EngineConfig()):
         with pytest.raises(ModelFolderError, match=f"quantization_config.{field} is "):
             Engine.from_config(path, cfg)
 
@@ -348,4 +349,4 @@ def test_other_quantization_methods_fail_naming_quant_method(checkpoint, tmp_pat
     path = rewrite_fine_grained_config(checkpoint("fine-grained"), tmp_path / "m",
                                        BitsAndBytesConfig(load_in_8bit=True))
     with pytest.raises(ModelFolderError, match="quantization_config.quant_method 'bitsandbytes'"):
-        Engine.from_config(path, EngineConfig(dequantize_fp8_checkpoint=True))
+        Engine.from_config(path, EngineConfig(fp8=Fp8Config(dequantize_checkpoint=True)))

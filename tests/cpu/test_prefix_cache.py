@@ -37,9 +37,8 @@ def engines(request, tiny_checkpoint):
     path = tiny_checkpoint(request.param)
 
     def cached(capacity: int) -> Engine:
-        return Engine.from_config(path, EngineConfig(prefix_cache_tokens=capacity,
-                                                     prefix_cache_min_tokens=MIN_TOKENS,
-                                                     prefix_cache_page_tokens=PAGE))
+        return Engine.from_config(path, EngineConfig(prefix_cache={
+            "tokens": capacity, "min_tokens": MIN_TOKENS, "page_tokens": PAGE}))
     return cached, Engine.from_config(path, EngineConfig())
 
 
@@ -131,7 +130,7 @@ def test_a_query_under_its_share_of_the_sequence_is_computed_and_not_routed(engi
     query = toks(rng, 10)
     many = pack_multi_item(query, [toks(rng, 8) for _ in range(8)], 1)  # 10 of 83 tokens
     few = pack_multi_item(query, [toks(rng, 8) for _ in range(2)], 1)  # 10 of 29 tokens
-    share = EngineConfig().prefix_cache_min_query_share
+    share = EngineConfig().prefix_cache.min_query_share
     assert 10 / many.num_tokens < share <= 10 / few.num_tokens
     for _ in range(2):
         assert_same(score(engine, [many]), score(reference, [many]), "under the share")

@@ -38,8 +38,8 @@ def body(rng: random.Random) -> dict:
 
 def test_repeats_of_a_query_hit_one_replica_and_survive_its_loss(small_model):
     config = tooling.small_model_config(small_model)
-    config["applications"][0]["args"]["engine"].update(prefix_cache_tokens=4096,
-                                                       prefix_cache_min_tokens=64)
+    config["applications"][0]["args"]["engine"].update(
+        prefix_cache={"tokens": 4096, "min_tokens": 64})
     worker = tooling.deployment(config, "ScoreWorker")
     worker.pop("autoscaling_config")
     worker.update(num_replicas=2)

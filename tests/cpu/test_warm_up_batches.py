@@ -1,10 +1,10 @@
-"""The warm-up's batches (gpu_worker/warmup.py) cover what a batch under load can be: both
+"""The warm-up's batches (gpu_worker/startup.py) cover what a batch under load can be: both
 token-total parities at the budget and small, multi-item and plain layouts, the longest sequence,
 and nothing the scheduler or the ingress would not send."""
 
 import pytest
 
-from gpu_worker.warmup import cached_warm_up_batches, warm_up_batches
+from gpu_worker.startup import cached_warm_up_batches, warm_up_batches
 from ranker_contract.packing import cacheable_query
 
 

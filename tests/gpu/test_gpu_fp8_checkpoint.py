@@ -1,7 +1,7 @@
 """Published FP8 checkpoints (gpu_worker/fp8_checkpoint.py) on the GPU: the 0.6B shape's weights
 written by compressed-tensors (FP8_DYNAMIC) and by transformers (fine-grained, 128x128 blocks;
 tests/fp8_checkpoints.py), served with precision fp8, against the same checkpoint dequantized
-and served in bf16 (engine.dequantize_fp8_checkpoint).
+and served in bf16 (engine.fp8.dequantize_checkpoint).
 
 Bounds: those of tests/gpu/test_gpu_fp8.py. Both engines hold the same e4m3 weights (the block
 layout re-quantized per channel: about as much rounding again, tests/cpu/test_fp8_checkpoint.py),

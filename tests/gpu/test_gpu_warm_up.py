@@ -38,7 +38,7 @@ def counters() -> dict[str, int]:
     FlashInfer modules built, cudaMalloc calls and pinned host allocations."""
     import torch
 
-    from gpu_worker.warmup import triton_variants
+    from gpu_worker.startup import triton_variants
 
     device = torch.cuda.memory_stats()
     host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}

@@ -216,6 +216,14 @@ class FlashInferGraphAttention:
             paged_kv_indptr_buf=torch.zeros(slots + 1, **i32),
             paged_kv_indices_buf=torch.zeros(kv_capacity + tokens, **i32),
             paged_kv_last_page_len_buf=torch.ones(slots, **i32))
+        # NOTE: in CUDA-graph mode without split K/V the kernel runs a fixed grid of CTAs, and
+        # plan() writes the request and tile indices of the real ones only: the others read
+        # whatever the int workspace (copied from its pinned staging buffer) held before, and
+        # no mask skips them. Fresh pinned memory is zero (they redo tile 0 of request 0); a
+        # recycled block still holds another wrapper's indices, out of range here: an illegal
+        # memory access in this kernel once an engine was freed in the process. Zero both.
+        self.wrapper._pin_memory_int_workspace_buffer.zero_()
+        self.wrapper._int_workspace_buffer.zero_()
         self._fence = _PlanFence()
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype

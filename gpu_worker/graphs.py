@@ -8,15 +8,12 @@ into an attention request of their own
 entries point at row 0 / token 0, and only the first N outputs are read back. Delimiter
 positions come from the ingress, never from token values, so padding cannot create false item
 boundaries. Larger batches run eagerly (docs/ARCHITECTURE.md, "CUDA graphs").
-
-One process captures graphs for one model at a time (refuse_recapture below).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -43,35 +40,12 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
 
 
-# The model of the graph sets captured in this process that were freed since (see below).
-_freed_graphs_model: list[weakref.ref] = []
-
-
-def refuse_recapture(model: torch.nn.Module) -> None:
-    """Capturing graphs for a model after the graph set of another model was freed in the same
-    process faults: FlashInfer's prefill kernel then reads an illegal address on its first run
-    (found on an H100: the first set of 30 buckets freed, a second model loaded, its first
-    capture faults; the same model again, a small first set, or the first set kept alive do not;
-    under compute-sanitizer nothing faults, so its cause is not found). A replica builds one
-    engine, so the service never meets it; a test or tool that needs graphs for two models
-    keeps the first set alive."""
-    for ref in _freed_graphs_model:
-        if ref() is not model:  # another model, alive or not
-            raise RuntimeError(
-                "CUDA graphs were captured and freed for another model in this process; "
-                "capturing for a second model now faults (gpu_worker/graphs.py): keep the "
-                "first engine alive, or build this one in a new process")
-
-
 class CudaGraphs:
     def __init__(self, model: CausalLMForScoring, ops: Ops, token_buckets: list[int],
                  dtype: torch.dtype, device: torch.device) -> None:
-        refuse_recapture(model)
         started = time.perf_counter()
         free_before, _ = torch.cuda.mem_get_info()
         self.dtype = dtype
-        model_ref = weakref.ref(model)
-        weakref.finalize(self, _freed_graphs_model.append, model_ref)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         pool = torch.cuda.graph_pool_handle()
         self.graphs: list[_Graph] = []

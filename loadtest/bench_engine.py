@@ -2,22 +2,19 @@
 
 Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.6b-random]
        [--budget 65536] [--no-hf]
-       [--modes engine,sync,bf16_residual,one_per_item,torch_ops,fa3,unfused_gate_up,fp8,
-               fp8_bf16_o,classifier,classifier_from_labels]
+       [--modes engine,sync,one_per_item,fp8,fp8_bf16_o,classifier,classifier_from_labels]
        [--classifier-model models/qwen3-0.6b-cls-random] [--fp8-settings no_down,edges2]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
-(Engine.from_config, then the batch budget from Engine.measure_budget); --model and --budget
-(scheduler.max_batch_tokens; the YAML's 32768 by default; the first engine bench,
-docs/results/bench_engine_h100*.json at 8e4c5b0 in docs/BENCHMARKS.md's "Earlier measurements",
-used 65536) override it, and each ablation mode changes one engine or
-scheduler setting of it. Workload (tools/workload.py, seed 0): per request a 120-token query
-and 10 items of 180 tokens, random real-vocabulary ids, different per request, labels 9454/2753.
-All requests are queued to the scheduler, which packs them by its token budget; items/s = items
-/ wall time. In the same run: HF transformers (loadtest/hf_baseline.py: bf16, SDPA, one sequence
-per item, batched), the bf16 matmul rate on the model's linear shapes, FlashInfer multi-item
-attention time per layer, and the resulting compute ceiling. Prints one table; writes JSON to
-docs/results/bench_engine.json.
+(Engine.from_config, then the batch budget from gpu_worker/startup.py::measure_budget); --model
+and --budget (scheduler.max_batch_tokens; the YAML's by default) override it, and each mode
+changes one engine or scheduler setting of it. Workload (tools/workload.py, seed 0): per request a
+120-token query and 10 items of 180 tokens, random real-vocabulary ids, different per request,
+labels 9454/2753. All requests are queued to the scheduler, which packs them by its token budget;
+items/s = items / wall time. In the same run: HF transformers (loadtest/hf_baseline.py: bf16, SDPA,
+one sequence per item, batched), the bf16 matmul rate on the model's linear shapes, FlashInfer
+multi-item attention time per layer, and the resulting compute ceiling. Prints one table; writes
+JSON to docs/results/bench_engine.json.
 
 The `classifier` mode scores the same sequences, in the same run and with the same engine
 settings and batch budget, on a *ForSequenceClassification folder of the same decoder shape
@@ -42,36 +39,32 @@ import torch
 
 from gpu_worker.engine import Engine, Step
 from gpu_worker.scheduler import Scheduler, ScoreTask
+from gpu_worker.startup import measure_budget
 from loadtest.hf_baseline import HFBaseline
 from ranker_contract.config import EngineConfig, SchedulerConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 from tools import REPO_ROOT, RESULTS_DIR
 from tools.configs import shipped_app_config
-from tools.fidelity import engine_fields, parse_setting
+from tools.fidelity import parse_setting
 from tools.random_model import SHAPES
 from tools.workload import RequestFactory, Workload
 
 CONFIG = "score-gpu.yaml"
 # mode -> the engine settings it changes (the "engine" mode runs the shipped ones)
-ENGINE_ABLATIONS = {
-    "torch_ops": ("torch element-wise ops", {"ops": "torch"}),
-    "bf16_residual": ("bf16 residual stream", {"fp32_residual": False}),
-    "fa3": ("fa3 attention", {"flashinfer_backend": "fa3"}),
-    "unfused_gate_up": ("gate_up GEMM + silu_and_mul", {"fused_gate_up": False}),
+ENGINE_MODES = {
     "fp8": ("fp8 W8A8", {"precision": "fp8"}),
-    "fp8_bf16_o": ("fp8, o_proj in bf16", {"precision": "fp8",
-                                           "fp8_linears": ("qkv_proj", "gate_up_proj",
-                                                           "down_proj")}),
+    "fp8_bf16_o": ("fp8, o_proj in bf16", {"precision": "fp8", "fp8": {
+        "linears": ("qkv_proj", "gate_up_proj", "down_proj")}}),
 }
 
 
 def without_graphs(engine_cfg: EngineConfig, **update) -> EngineConfig:
     """The settings of every engine the bench builds after the shipped one: `update` applied,
     no CUDA graphs. Its batches are budget-sized and launched behind another (the last, small
-    one too), so a graph never replays here; and a graph engine captured after another was
-    freed in one process faults in FlashInfer (docs/ARCHITECTURE.md, "CUDA graphs").
+    one too), so a graph never replays here, and capturing them would only cost start-up time.
     Validated: model_copy(update=...) alone would skip EngineConfig's checks."""
-    return EngineConfig.model_validate(engine_cfg.model_dump() | update | {"cuda_graphs": False})
+    return EngineConfig.model_validate(engine_cfg.model_dump() | update
+                                       | {"cuda_graphs": {"enabled": False}})
 
 
 class StepTimer:
@@ -199,8 +192,7 @@ def main():
         p.add_argument(flag, type=int, default=default)
     p.add_argument("--budget", type=int,
                    help="scheduler.max_batch_tokens (default: the YAML's; 0: from free memory)")
-    p.add_argument("--modes", default="engine,sync,bf16_residual,one_per_item,torch_ops,fa3,"
-                                      "unfused_gate_up")
+    p.add_argument("--modes", default="engine,sync,one_per_item")
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--fp8-settings", default="", help="also fp8 with each of these settings of "
                    "the fidelity tool (tools/fidelity.py), e.g. no_down,qkv_gate_up+edges2")
@@ -217,7 +209,7 @@ def main():
     fast = Engine.from_config(args.model, app.engine)
     cfg = fast.model.config
     max_batch_tokens = app.scheduler.max_batch_tokens if args.budget is None else args.budget
-    budget = fast.measure_budget(max_batch_tokens, app.limits.max_seq_tokens).tokens
+    budget = measure_budget(fast, max_batch_tokens, app.limits.max_seq_tokens).tokens
     # Offline: every request is queued at once, so the service's queue-wait bound (which would
     # refuse what waits past it) is off here.
     sched = app.scheduler.model_copy(update={"max_queue_wait_s": 0})
@@ -246,9 +238,10 @@ def main():
     if "one_per_item" in modes:
         plain = [pack_plain(q + item, 0) for q, items in requests for item in items]
         bench("one sequence per item", fast, plain)
-    variants = [ENGINE_ABLATIONS[mode] for mode in ENGINE_ABLATIONS if mode in modes]
+    variants = [ENGINE_MODES[mode] for mode in ENGINE_MODES if mode in modes]
     for setting in filter(None, args.fp8_settings.split(",")):
-        variants.append((f"fp8 {setting}", engine_fields(parse_setting(setting))))
+        variants.append((f"fp8 {setting}", {"precision": "fp8",
+                                            "fp8": parse_setting(setting).model_dump()}))
     for name, update in variants:  # its own engine, built like the shipped one, freed after
         torch.cuda.empty_cache()  # room for a second copy of a large model
         engine = Engine.from_config(args.model, without_graphs(app.engine, **update))

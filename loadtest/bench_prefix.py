@@ -66,7 +66,7 @@ def serve_env() -> str:
 
 def config(cache_tokens: int, scorers: int = 1, router: str | None = None) -> dict:
     doc = shipped_yaml(CONFIG)
-    doc["applications"][0]["args"]["engine"]["prefix_cache_tokens"] = cache_tokens
+    doc["applications"][0]["args"]["engine"]["prefix_cache"] = {"tokens": cache_tokens}
     worker = deployment(doc, "ScoreWorker")
     worker.pop("autoscaling_config", None)
     worker["num_replicas"] = scorers
@@ -171,8 +171,8 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
 
     app = shipped_app_config(args.config)
     off = Engine.from_config(app.resolved_model_path(), app.engine)
-    on = Engine(off.model, off.device, app.engine.model_copy(
-        update={"prefix_cache_tokens": args.cache_tokens}))
+    cache = app.engine.prefix_cache.model_copy(update={"tokens": args.cache_tokens})
+    on = Engine(off.model, off.device, app.engine.model_copy(update={"prefix_cache": cache}))
     device = torch.cuda.get_device_name() if off.device.type == "cuda" else "cpu"
     rows = []
     for name in args.workloads.split(","):
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workloads", default="profile,pages,standard")
     p.add_argument("--text", choices=("natural",), help="send text (default: token ids)")
     p.add_argument("--cache-tokens", type=int, default=131072,
-                   help="engine.prefix_cache_tokens when on (routing: split among replicas)")
+                   help="engine.prefix_cache.tokens when on (routing: split among replicas)")
     p.add_argument("--caches", default="off,on", help="cache: which runs (off, on or both)")
     p.add_argument("--start-rate", type=float, default=40.0, help="sweep: first req/s")
     p.add_argument("--rate", type=float, default=60.0, help="routing: req/s")

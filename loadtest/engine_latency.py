@@ -28,6 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gpu_worker.engine import Engine
+from ranker_contract.config import EngineConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_request
 from tools import RESULTS_DIR
 from tools.configs import shipped_app_config
@@ -85,11 +86,14 @@ def main() -> None:
     args = p.parse_args()
     app = shipped_app_config(CONFIG)
     engine_cfg = app.engine.model_copy(update={"precision": args.precision})
-    eager_cfg = engine_cfg.model_copy(update={"cuda_graphs": False})
-    eager = Engine.from_config(app.resolved_model_path(), eager_cfg)
+
+    def graphs(enabled: bool) -> EngineConfig:
+        return engine_cfg.model_copy(update={"cuda_graphs": engine_cfg.cuda_graphs.model_copy(
+            update={"enabled": enabled})})
+
+    eager = Engine.from_config(app.resolved_model_path(), graphs(False))
     started = time.perf_counter()
-    modes = [("eager", eager), ("graphs", Engine(
-        eager.model, eager.device, engine_cfg.model_copy(update={"cuda_graphs": True})))]
+    modes = [("eager", eager), ("graphs", Engine(eager.model, eager.device, graphs(True)))]
     capture_s = time.perf_counter() - started
     rows = []
     for (query_len, items, item_len), (mode, engine) in itertools.product(

@@ -23,14 +23,10 @@ python3 -m tools.random_model || exit 1
 python3 -m tools.random_model --shape 0.6b-cls || exit 1  # bench_engine --modes classifier
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  # One process per test file: a CUDA-graph engine captured after another one was freed in the
-  # same process faults in FlashInfer's kernel (docs/ARCHITECTURE.md, "CUDA graphs"); a
-  # replica builds one engine per process.
-  : > "$out/gpu_tests.log"
-  for file in tests/gpu/test_*.py; do
-    python3 -m pytest "$file" -q -s -p no:cacheprovider 2>&1 | tee -a "$out/gpu_tests.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  done
+  # One process: the session keeps every CUDA-graph engine alive (tests/gpu/conftest.py).
+  python3 -m pytest tests/gpu -q -s -p no:cacheprovider --durations=5 2>&1 \
+    | tee "$out/gpu_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 -m loadtest.bench_engine --out "$out/bench_engine.json" "$@" 2>&1 | tee "$out/bench_engine.log"

@@ -135,9 +135,9 @@ def qwen3_path() -> Path:
 
 @pytest.fixture(scope="session")
 def fast_engine(qwen3_path):
-    """bf16, FlashInfer attention (fa2) and the fused element-wise kernels."""
+    """The shipped GPU engine without graphs or cache: bf16, FlashInfer, the fused kernels."""
     from gpu_worker.engine import Engine
     from ranker_contract.config import EngineConfig
 
-    return Engine.from_config(qwen3_path, EngineConfig(
-        device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda"))
+    return Engine.from_config(qwen3_path, EngineConfig(device="cuda"))
+

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from gpu_worker.engine import Engine
+from gpu_worker.startup import measure_budget, warm_up
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import LABELS, random_model_folder, run_batch, softmax
 
 CLASSES = [0]
-FAST = dict(device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda")
+GPU = EngineConfig(device="cuda")
 
 
 def _sigmoid(x):
@@ -45,7 +46,7 @@ def cls_path():
 
 @pytest.fixture(scope="module")
 def cls_engine(cls_path):
-    return Engine.from_config(cls_path, EngineConfig(**FAST))
+    return Engine.from_config(cls_path, GPU)
 
 
 def test_parity_with_hf_fp32(cls_engine, cls_path):
@@ -77,8 +78,8 @@ def test_multi_item_equals_one_at_a_time(cls_engine):
 
 
 def test_cuda_graph_replay_equals_eager(cls_engine):
-    graphs = Engine(cls_engine.model, cls_engine.device,
-                    EngineConfig(**FAST, cuda_graphs=True, cuda_graph_buckets=(1024, 2048)))
+    graphs = Engine(cls_engine.model, cls_engine.device, EngineConfig(
+        device="cuda", cuda_graphs={"enabled": True, "token_buckets": (1024, 2048)}))
     rng = random.Random(3)
     sequences = [pack_multi_item(*_request(rng, 60, (40, 0, 7, 90)), 0),
                  pack_plain(_request(rng, 300)[0], 0)]
@@ -93,15 +94,15 @@ def test_cuda_graph_replay_equals_eager(cls_engine):
 
 def test_the_start_up_path_runs_on_a_one_class_head(cls_engine):
     """measure_budget and warm_up launch their own label ids: valid for a one-class head."""
-    budget = cls_engine.measure_budget(16384, 4096)
+    budget = measure_budget(cls_engine, 16384, 4096)
     assert budget.tokens >= 4096 and budget.capacity_tokens_per_s > 0
-    cls_engine.warm_up(budget.tokens, 4096)
+    warm_up(cls_engine, budget.tokens, 4096)
 
 
 def test_head_from_label_rows_gives_hfs_yes_no_relevance(qwen3_path, fast_engine):
     from transformers import AutoModelForCausalLM
 
-    converted = Engine.from_config(qwen3_path, EngineConfig(**FAST), head_from_labels=tuple(LABELS))
+    converted = Engine.from_config(qwen3_path, GPU, head_from_labels=tuple(LABELS))
     query, items = _request(random.Random(4))
     seq = [pack_multi_item(query, items, 0)]
     (ours,) = run_batch(converted, seq, CLASSES)
@@ -125,7 +126,7 @@ def test_a_prefix_cache_hit_scores_what_no_cache_scores(cls_engine):
     """The head reads the score rows whatever computed them: a hit (item blocks against cached
     query K/V, FlashInfer) gives the logits the cache-less engine gives."""
     cached = Engine(cls_engine.model, cls_engine.device, EngineConfig(
-        **FAST, prefix_cache_tokens=16384, prefix_cache_min_tokens=64))
+        device="cuda", prefix_cache={"tokens": 16384, "min_tokens": 64}))
     rng = random.Random(5)
     query = _request(rng, 500)[0]
     for name, item_lens in (("miss", (180, 40, 90)), ("hit", (7, 180, 33, 120))):

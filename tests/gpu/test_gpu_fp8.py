@@ -32,8 +32,7 @@ from tests.gpu.conftest import (
 
 
 def _config(**extra) -> EngineConfig:
-    return EngineConfig(device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda",
-                        precision="fp8", **extra)
+    return EngineConfig(device="cuda", precision="fp8", **extra)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,8 @@ def fp8_engine(qwen3_path):
 
 @pytest.fixture(scope="module")
 def fp8_graph_engine(fp8_engine):
-    return Engine(fp8_engine.model, fp8_engine.device, _config(cuda_graphs=True))
+    return Engine(fp8_engine.model, fp8_engine.device,
+                       _config(cuda_graphs={"enabled": True}))
 
 
 def _requests(rng: random.Random):

@@ -34,8 +34,7 @@ def engines(checkpoint):
     """(fp8 engine on the stored e4m3 weights, bf16 engine on their dequantized values)."""
     fp8 = Engine.from_config(checkpoint, _config())
     bf16 = Engine.from_config(checkpoint, EngineConfig(
-        device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda",
-        dequantize_fp8_checkpoint=True))
+        device="cuda", fp8={"dequantize_checkpoint": True}))
     return fp8, bf16
 
 

@@ -22,13 +22,12 @@ from tests.gpu.conftest import (
 
 @pytest.fixture(scope="module")
 def graph_engine(fast_engine):
-    return Engine(fast_engine.model, fast_engine.device, EngineConfig(
-        device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda", cuda_graphs=True))
+    return Engine(fast_engine.model, fast_engine.device,
+                       EngineConfig(device="cuda", cuda_graphs={"enabled": True}))
 
 
 def test_graph_replay_equals_eager(fast_engine, graph_engine):
-    reference = Engine(fast_engine.model, fast_engine.device,
-                       EngineConfig(device="cuda", attention="torch", ops="torch"))
+    reference = Engine(fast_engine.model, fast_engine.device, reference=True)
     rng = random.Random(11)
     batches = graph_batches(rng)
     for name, sequences in batches.items():

@@ -25,11 +25,10 @@ from tests.gpu.conftest import (
 BOUNDS = (5e-2, 5e-3)  # max |Δ log-prob|, max |Δ softmax score|
 
 
-def cached_engine(fast_engine, tokens=65536, **kwargs) -> Engine:
+def cached_engine(fast_engine, tokens=65536, graphs=False) -> Engine:
     return Engine(fast_engine.model, fast_engine.device, EngineConfig(
-        device="cuda", dtype="bfloat16", attention="flashinfer", ops="cuda",
-        prefix_cache_tokens=tokens, prefix_cache_min_tokens=64,
-        prefix_cache_min_query_share=0.0, **kwargs))  # the pages shape too: exactness
+        device="cuda", cuda_graphs={"enabled": graphs}, prefix_cache={
+            "tokens": tokens, "min_tokens": 64, "min_query_share": 0.0}))  # pages: exactness
 
 
 def request(rng, query, items, item_len, max_seq_tokens=16384):
@@ -56,9 +55,7 @@ def under_load(engine, sequences):
 
 @pytest.fixture(scope="module")
 def graph_cached_engine(fast_engine):
-    # One per module: a graph engine built after another was freed faults in FlashInfer
-    # (docs/ARCHITECTURE.md, "CUDA graphs").
-    return cached_engine(fast_engine, cuda_graphs=True)
+    return cached_engine(fast_engine, graphs=True)
 
 
 def test_hits_score_what_no_cache_scores_eager_and_with_graphs(fast_engine, graph_cached_engine):

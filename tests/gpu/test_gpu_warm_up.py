@@ -92,15 +92,16 @@ def _mixed_batches(rng: random.Random, budget: int, max_seq_tokens: int):
 
 def main(model_path: str, cache_tokens: int) -> None:
     from gpu_worker.engine import Engine
+    from gpu_worker.startup import measure_budget, warm_up
     from tools.configs import shipped_app_config
 
     count_flashinfer_builds()
     app = shipped_app_config("score-gpu.yaml")
     start = counters()
-    engine = Engine.from_config(model_path, app.engine.model_copy(
-        update={"prefix_cache_tokens": cache_tokens}))
-    budget = engine.measure_budget(app.scheduler.max_batch_tokens, app.limits.max_seq_tokens)
-    engine.warm_up(budget.tokens, app.limits.max_seq_tokens)
+    cache = app.engine.prefix_cache.model_copy(update={"tokens": cache_tokens})
+    engine = Engine.from_config(model_path, app.engine.model_copy(update={"prefix_cache": cache}))
+    budget = measure_budget(engine, app.scheduler.max_batch_tokens, app.limits.max_seq_tokens)
+    warm_up(engine, budget.tokens, app.limits.max_seq_tokens)
     warm = counters()
     batches = tokens = 0
     for batch, overlapped in _mixed_batches(random.Random(0), budget.tokens,

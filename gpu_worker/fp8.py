@@ -6,7 +6,7 @@ scale = amax / 448 and is stored as e4m3. At run time each input row is quantize
 and the GEMM runs on FP8 tensor cores (`torch._scaled_mm`, row-wise scales, fp32 accumulation,
 bf16 out, the bias in its epilogue). Embeddings, norms, attention, the LM head at the score rows
 and the log-softmax stay as they are. Off CUDA, `Fp8Linear` computes the same quantized values
-with an fp32 matmul: a simulation for the fidelity tool (loadtest/fidelity.py), never served.
+with an fp32 matmul: a simulation for the fidelity tool (tools/fidelity.py), never served.
 """
 
 from __future__ import annotations

@@ -14,6 +14,6 @@ def declare_at_zero(counter, tags: dict[str, str] | None = None) -> None:
     NOTE: Counter.inc(0) raises (ray.util.metrics.Counter.inc allows only values > 0), but
     inc() itself ends in Metric._record(value, tags), which merges the default tags (replica,
     deployment, application), checks the tag keys and adds `value` to the OpenTelemetry counter;
-    adding 0 there exports the series at 0 (checked by scripts/check_dashboard.py).
+    adding 0 there exports the series at 0 (checked by tools/check_dashboard.py).
     """
     counter._record(0, tags=tags)

@@ -27,7 +27,7 @@ class TextTokenizer:
         self._tok.no_padding()
 
     # NOTE: the batch calls release the GIL (`encode` holds it) and `_fast` skips the character
-    # offsets nobody reads: 25-60% less time per request, and other requests run meanwhile.
+    # offsets nobody reads: less time per request, and other requests run meanwhile.
     def encode_query(self, text: str) -> list[int]:
         return self._tok.encode_batch_fast([text], add_special_tokens=True)[0].ids
 

@@ -16,8 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
-from ranker_contract.model_config import ModelConfig
-from ranker_contract.packing import ScoredJob, ScoreJob, merge_results, prefix_key
+from ranker_contract.packing import ScoredJob, ScoreJob
 from serve_app.admission import Admission, ReplicaCounts
 from serve_app.auth import KEY_ID_SCOPE, NO_KEY, REFUSED_KEY, KeyStore, RequireApiKey, require_keys
 from serve_app.docs_page import add_offline_docs
@@ -31,10 +30,8 @@ from serve_app.protocol import (
     ScoreRequest,
     ScoreResponse,
 )
-from serve_app.rerank import RerankPrompter
-from serve_app.routes import RerankRoute, Route, ScoreRoute
-from serve_app.scoring import pack
-from serve_app.tokenizer import TextTokenizer
+from serve_app.requests import RequestPath
+from serve_app.routes import Route
 
 logger = logging.getLogger(__name__)
 
@@ -195,16 +192,9 @@ def _server_timing(started: float, parsed: float, tokenized: float, packed: floa
 @serve.ingress(app)
 class ScoreIngress:
     def __init__(self, worker: DeploymentHandle, config: AppConfig) -> None:
-        model_path = config.resolved_model_path()
-        model = ModelConfig.from_folder(model_path)
         self.worker = worker
-        tokenizer = TextTokenizer(model_path)
+        self.path = RequestPath(config)
         self.model_name = config.served_model_name
-        self.max_context = model.max_position_embeddings  # query + one item
-        self.limits = config.limits
-        # Routing keys only for queries the scorers would cache (None: no cache, no key).
-        cache = config.engine.prefix_cache
-        self.cacheable = (cache.min_tokens, cache.min_query_share) if cache.enabled else None
         keys = KeyStore(config.auth) if config.auth.enabled else None  # bad keys: start fails
         self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,))
         if keys is not None:
@@ -213,34 +203,21 @@ class ScoreIngress:
         self.scorers = ScorerWatch(worker, INGRESS_DEPLOYMENT)
         self.admission = (Admission(config.admission.requests_per_scorer, self.scorers.counts)
                           if config.admission.requests_per_scorer else None)
-        if config.rerank.classifier_from_labels:  # as the scorer loads it (gpu_worker/heads.py)
-            model = model.with_label_head()
-        self.score_route = ScoreRoute(self.limits, model.vocab_size, tokenizer, self.model_name,
-                                      model.num_labels)
-        # On a causal LM, a label that is not exactly one token fails the replica's start,
-        # naming it; a classifier scores with its head and reads no label tokens.
-        prompt = config.rerank.resolved_prompt()
-        prompter = RerankPrompter(prompt, tokenizer, label_tokens=not model.is_classifier
-                                  or config.rerank.classifier_from_labels)
-        self.rerank_routes = {
-            version: RerankRoute(prompter, prompt.default_instruction, self.limits,
-                                 self.model_name, version, model.num_labels)
-            for version in ("1", "2")}
 
     @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
               responses=_ERROR_RESPONSES)
     async def score(self, request: Request) -> JSONResponse:
-        return await self._observed("/v1/score", self.score_route, request)
+        return await self._observed("/v1/score", self.path.score, request)
 
     @app.post("/v1/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
               responses=_ERROR_RESPONSES, summary="Rerank (Cohere v1 / Jina shape)")
     async def rerank_v1(self, request: Request) -> JSONResponse:
-        return await self._observed("/v1/rerank", self.rerank_routes["1"], request)
+        return await self._observed("/v1/rerank", self.path.rerank["1"], request)
 
     @app.post("/v2/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
               responses=_ERROR_RESPONSES, summary="Rerank (Cohere v2 shape)")
     async def rerank_v2(self, request: Request) -> JSONResponse:
-        return await self._observed("/v2/rerank", self.rerank_routes["2"], request)
+        return await self._observed("/v2/rerank", self.path.rerank["2"], request)
 
     async def _observed(self, path: str, route: Route, request: Request) -> JSONResponse:
         """Request, error and latency metrics around one route's pipeline, tagged with `path`."""
@@ -286,14 +263,11 @@ class ScoreIngress:
         parsed = time.perf_counter()
         tokens = await route.tokenize(req)
         tokenized = time.perf_counter()
-        sequences = pack(tokens.prefix, tokens.items, self.limits,  # [] for no items
-                         self.max_context, item_first=tokens.item_first, field=route.field)
+        packed_job = self.path.pack(route, tokens)
         packed = time.perf_counter()
-        key = prefix_key(sequences, *self.cacheable) if self.cacheable else None
-        job = await self._call_worker(ScoreJob(sequences, tokens.label_ids, key))
+        job = await self._call_worker(packed_job.job(tokens))
         scored = time.perf_counter()
-        logprobs = merge_results(sequences, job.results, len(tokens.items))
-        body = route.respond(req, tokens, logprobs, sum(s.num_tokens for s in sequences))
+        body = self.path.respond(route, req, tokens, packed_job, job.results)
         if tokens.from_text:
             self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
         return JSONResponse(body, headers=_server_timing(started, parsed, tokenized, packed,

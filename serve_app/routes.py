@@ -51,9 +51,11 @@ class ScoreRoute:
     async def tokenize(self, req: ParsedRequest) -> Tokenized:
         if req.is_text:
             # In a thread: a megabytes-long text must not stall this replica's other requests.
-            query, items = await asyncio.to_thread(tokenize, req, self.tokenizer)
-        else:
-            query, items = tokenize(req, self.tokenizer)
+            return await asyncio.to_thread(self.tokenize_now, req)
+        return self.tokenize_now(req)
+
+    def tokenize_now(self, req: ParsedRequest) -> Tokenized:
+        query, items = tokenize(req, self.tokenizer)
         return Tokenized(query, items, req.label_ids, from_text=req.is_text,
                          item_first=req.item_first)
 
@@ -98,7 +100,10 @@ class RerankRoute:
 
     async def tokenize(self, req: RerankInput) -> Tokenized:
         # In a thread, as for /v1/score: long documents must not stall other requests.
-        prefix, items, truncated = await asyncio.to_thread(self.prompter.tokenize, req)
+        return await asyncio.to_thread(self.tokenize_now, req)
+
+    def tokenize_now(self, req: RerankInput) -> Tokenized:
+        prefix, items, truncated = self.prompter.tokenize(req)
         return Tokenized(prefix, items, self.label_ids, from_text=True, truncated=truncated)
 
     def respond(self, req: RerankInput, tokenized: Tokenized,

@@ -1,0 +1,72 @@
+"""The request path without HTTP: how a request body becomes a scoring job and how the job's
+results become the response body. The ingress (serve_app/ingress.py) runs it around an HTTP
+call to a scorer replica; the offline batch job (ranker_batch/) around its own scorer, so a
+row scores exactly as the same body sent to the service (docs/ARCHITECTURE.md, "The request
+path")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ranker_contract.config import AppConfig
+from ranker_contract.model_config import ModelConfig
+from ranker_contract.packing import PackedSequence, ScoreJob, merge_results, prefix_key
+from serve_app.rerank import RerankPrompter
+from serve_app.routes import RerankRoute, Route, ScoreRoute, Tokenized
+from serve_app.scoring import pack
+from serve_app.tokenizer import TextTokenizer
+
+
+@dataclass(slots=True)
+class Packed:
+    """A request ready for a scorer: its sequences and the prefix-affinity key."""
+
+    sequences: list[PackedSequence]
+    key: bytes | None
+
+    def job(self, tokens: Tokenized) -> ScoreJob:
+        return ScoreJob(self.sequences, tokens.label_ids, self.key)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.num_tokens for s in self.sequences)
+
+
+class RequestPath:
+    """The routes of one served model, as the configuration builds them."""
+
+    def __init__(self, config: AppConfig) -> None:
+        model_path = config.resolved_model_path()
+        model = ModelConfig.from_folder(model_path)
+        tokenizer = TextTokenizer(model_path)
+        self.model_name = config.served_model_name
+        self.max_context = model.max_position_embeddings  # query + one item
+        self.limits = config.limits
+        # Routing keys only for queries the scorers would cache (None: no cache, no key).
+        cache = config.engine.prefix_cache
+        self.cacheable = (cache.min_tokens, cache.min_query_share) if cache.enabled else None
+        if config.rerank.classifier_from_labels:  # as the scorer loads it (gpu_worker/heads.py)
+            model = model.with_label_head()
+        self.score = ScoreRoute(self.limits, model.vocab_size, tokenizer, self.model_name,
+                                model.num_labels)
+        # On a causal LM, a label that is not exactly one token fails the start, naming it; a
+        # classifier scores with its head and reads no label tokens.
+        prompt = config.rerank.resolved_prompt()
+        prompter = RerankPrompter(prompt, tokenizer, label_tokens=not model.is_classifier
+                                  or config.rerank.classifier_from_labels)
+        self.rerank = {version: RerankRoute(prompter, prompt.default_instruction, self.limits,
+                                            self.model_name, version, model.num_labels)
+                       for version in ("1", "2")}
+
+    def pack(self, route: Route, tokens: Tokenized) -> Packed:
+        """The request's sequences ([] for no items); limits are 4xx naming the item."""
+        sequences = pack(tokens.prefix, tokens.items, self.limits, self.max_context,
+                         item_first=tokens.item_first, field=route.field)
+        key = prefix_key(sequences, *self.cacheable) if self.cacheable else None
+        return Packed(sequences, key)
+
+    def respond(self, route: Route, req, tokens: Tokenized, packed: Packed,
+                results: list[list[list[float]]]) -> dict:
+        """The response body from the scorer's results, per sequence (items × labels)."""
+        logprobs = merge_results(packed.sequences, results, len(tokens.items))
+        return route.respond(req, tokens, logprobs, packed.tokens)

@@ -25,7 +25,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "configs" / "score-gpu.yaml"
 MANIFEST = REPO / "deploy" / "rayservice.yaml"
-RAY_VERSION = "2.60.0"  # pyproject.toml pins ray[serve]==2.60.0; every node must run the same
+RAY_VERSION = "2.60.0"  # pyproject.toml pins ray[serve,data]==2.60.0; every node must run the same
 IMAGE_GPU = "llm-ranker:gpu"  # docker build -f deploy/Dockerfile.gpu -t llm-ranker:gpu .
 NAME = "llm-ranker"
 SERVE_PORT = 8000

@@ -7,11 +7,8 @@ import time
 
 from ray import serve
 
-from gpu_worker.engine import Engine
-from gpu_worker.heads import rerank_label_ids
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.scheduler import Scheduler
-from gpu_worker.startup import measure_budget, warm_up
+from gpu_worker.replica import start_scorer
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoredJob, ScoreJob
@@ -32,20 +29,12 @@ DEFAULT_OPTIONS = {
 @serve.deployment(**DEFAULT_OPTIONS)
 class ScoreWorker:
     def __init__(self, config: AppConfig) -> None:
-        head_from_labels = (rerank_label_ids(config.resolved_model_path(),
-                                             config.rerank.resolved_prompt())
-                            if config.rerank.classifier_from_labels else None)
-        engine = Engine.from_config(config.resolved_model_path(), config.engine, head_from_labels)
-        budget = measure_budget(engine, config.scheduler.max_batch_tokens,
-                                config.limits.max_seq_tokens)
-        # Before ready: a new request shape must not wait on a compile (a new replica neither).
-        warm_up(engine, budget.tokens, config.limits.max_seq_tokens)
+        scorer = start_scorer(config)
         # The probe's rate, what record_autoscaling_stats compares the computed rate with.
-        self.capacity_tokens_per_s = budget.capacity_tokens_per_s
-        self.scheduler = Scheduler(engine, config.scheduler, batch_token_budget=budget.tokens)
-        self.scheduler.start()
-        self.metrics = WorkerMetrics(self.scheduler,
-                                     engine.prefix_cache.stats if engine.prefix_cache else None)
+        self.capacity_tokens_per_s = scorer.budget.capacity_tokens_per_s
+        self.scheduler = scorer.scheduler
+        cache = scorer.engine.prefix_cache
+        self.metrics = WorkerMetrics(self.scheduler, cache.stats if cache else None)
         # refused and computed tokens at the last stats report, and when it was
         self._last_report = (0, 0, time.monotonic())
         logger.info("ScoreWorker ready: %s", config)

@@ -189,16 +189,18 @@ def test_ingress_modules_do_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
-PRODUCT = {"ranker_contract", "serve_app", "gpu_worker", "ranker_app"}
+PRODUCT = {"ranker_contract", "serve_app", "gpu_worker", "ranker_app", "ranker_batch"}
 # package -> the project packages it may import (besides itself). One direction, no circle:
-# ranker_contract < serve_app, gpu_worker < ranker_app < tools (user-facing tools and their
-# libraries) < loadtest (benchmarks) < tests. Scripts (setup, model preparation) need only the
-# product. Nothing imports tests: a test runs a tool or a script as a process or imports it.
+# ranker_contract < serve_app, gpu_worker < ranker_app, ranker_batch < tools (user-facing
+# tools and their libraries) < loadtest (benchmarks) < tests. Scripts (setup, model
+# preparation) need only the product. Nothing imports tests: a test runs a tool or a script
+# as a process or imports it.
 LAYERS = {
     "ranker_contract": set(),
     "serve_app": {"ranker_contract"},
     "gpu_worker": {"ranker_contract"},
     "ranker_app": {"ranker_contract", "serve_app", "gpu_worker"},
+    "ranker_batch": {"ranker_contract", "serve_app", "gpu_worker"},
     "tools": PRODUCT,
     "loadtest": PRODUCT | {"tools"},
     "scripts": PRODUCT,

@@ -39,8 +39,8 @@ def gpu_config() -> dict:
 
 def ray_pin() -> str:
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    return next(re.fullmatch(r"ray\[serve\]==(\S+)", d).group(1) for d in deps
-                if d.startswith("ray[serve]=="))
+    return next(re.fullmatch(r"ray\[[a-z,]+\]==(\S+)", d).group(1) for d in deps
+                if d.startswith("ray["))
 
 
 def scorer(config: dict) -> dict:

@@ -1,0 +1,97 @@
+"""The batch job: read → Prepare (CPU actors) → Score (one actor per scorer) → write, streamed
+by Ray Data so a dataset larger than memory never sits in it whole (ranker_batch/stages.py).
+
+`score_dataset` is the Python interface (a Dataset in, a Dataset out); `run` reads Parquet or
+JSON lines and writes Parquet, as the CLI (ranker_batch/__main__.py) does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pyarrow.compute as pc
+import ray
+import ray.data
+from ray.data import ActorPoolStrategy
+
+from ranker_batch.rows import KINDS
+from ranker_batch.stages import Prepare, Score
+from ranker_contract.config import AppConfig
+
+# Logical CPUs each actor reserves. On a GPU the scorer holds a core for its loop; on CPU (a
+# development machine of a few cores) both stages leave room for Ray Data's read and write
+# tasks (one CPU each), which would otherwise wait forever behind them.
+ACTOR_CPUS = {"cuda": 1.0, "cpu": 0.5}
+# Rows per block handed to a stage call. A Score call keeps all of its rows in flight, and an
+# actor runs up to SCORE_CALLS_PER_ACTOR calls at once, so the scheduling loop always has rows
+# to pack into full batches.
+BATCH_ROWS = 64
+SCORE_CALLS_PER_ACTOR = 4
+
+
+def score_dataset(ds: ray.data.Dataset, config: AppConfig, kind: str, *, id_column: str = "id",
+                  scorers: int | None = None, preparers: int = 1) -> ray.data.Dataset:
+    """`ds` with one row per API request of `kind` (ranker_batch/rows.py) → one output row per
+    input row: `id_column`, the scores, `prompt_tokens` and `error`. `scorers`: scoring actors,
+    one per GPU (default: every GPU of the cluster; 1 on CPU)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    on_gpu = config.engine.device == "cuda"
+    scorers = scorers or default_scorers(config)
+    args = {"config": config.model_dump(), "kind": kind, "id_column": id_column}
+    cpus = ACTOR_CPUS[config.engine.device]
+    prepared = ds.map_batches(Prepare, fn_constructor_kwargs=args, batch_size=BATCH_ROWS,
+                              batch_format="pyarrow", num_cpus=cpus,
+                              compute=ActorPoolStrategy(min_size=1, max_size=preparers))
+    return prepared.map_batches(
+        Score, fn_constructor_kwargs=args, batch_size=BATCH_ROWS, batch_format="pyarrow",
+        num_gpus=1 if on_gpu else 0, num_cpus=cpus,
+        compute=ActorPoolStrategy(size=scorers,
+                                  max_concurrent_calls_per_actor=SCORE_CALLS_PER_ACTOR))
+
+
+def default_scorers(config: AppConfig) -> int:
+    """One scoring actor per GPU of the cluster; one on CPU."""
+    if config.engine.device != "cuda":
+        return 1
+    return max(1, int(ray.cluster_resources().get("GPU", 0)))
+
+
+def read_input(paths: list[str]) -> ray.data.Dataset:
+    """Parquet files or folders, or JSON lines (*.jsonl, *.json); local paths or URIs."""
+    if all(str(p).endswith((".jsonl", ".json", ".jsonl.gz")) for p in paths):
+        return ray.data.read_json(paths)
+    return ray.data.read_parquet(paths)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    rows: int
+    items: int
+    error_rows: int
+    wall_s: float
+    scorers: int
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.wall_s if self.wall_s else 0.0
+
+
+def run(config: AppConfig, kind: str, inputs: list[str], output: str, *, id_column: str = "id",
+        scorers: int | None = None, preparers: int = 1) -> Summary:
+    """Score `inputs` into Parquet files under `output`; the summary is read back from them."""
+    started = time.perf_counter()
+    scorers = scorers or default_scorers(config)
+    ds = score_dataset(read_input(inputs), config, kind, id_column=id_column, scorers=scorers,
+                       preparers=preparers)
+    ds.write_parquet(output)
+    wall_s = time.perf_counter() - started
+    column = "scores" if kind == "score" else "relevance_scores"
+    rows = items = errors = 0
+    for ref in ray.data.read_parquet(output, columns=[column, "error"]).to_arrow_refs():
+        block = ray.get(ref)
+        rows += block.num_rows
+        errors += pc.count(block.column("error")).as_py()  # the non-null ones
+        items += pc.sum(pc.list_value_length(block.column(column))).as_py() or 0
+    return Summary(rows, items, errors, wall_s, scorers)

@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scorers", type=int, help="scoring actors (default: one per GPU; 1 on CPU)")
     p.add_argument("--preparers", type=int, default=1, help="most CPU actors that tokenize and "
                    "pack")
+    p.add_argument("--scorer-resource", help="a custom resource the scoring actors need one "
+                   "of (the nodes meant for scoring offer it)")
     p.add_argument("--summary-json", type=Path, help="also write the summary here")
     return p.parse_args(argv)
 
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     config = AppConfig.model_validate(doc["applications"][0].get("args") or {})
     ray.init(log_to_driver=False)
     summary = run(config, args.kind, args.input, args.output, id_column=args.id_column,
-                  scorers=args.scorers, preparers=args.preparers)
+                  scorers=args.scorers, preparers=args.preparers,
+                  scorer_resource=args.scorer_resource)
     facts = {"rows": summary.rows, "items": summary.items, "error_rows": summary.error_rows,
              "items_per_s": round(summary.items_per_s, 1),
              "items_per_s_per_scorer": round(summary.items_per_s / summary.scorers, 1),

@@ -31,10 +31,13 @@ SCORE_CALLS_PER_ACTOR = 4
 
 
 def score_dataset(ds: ray.data.Dataset, config: AppConfig, kind: str, *, id_column: str = "id",
-                  scorers: int | None = None, preparers: int = 1) -> ray.data.Dataset:
+                  scorers: int | None = None, preparers: int = 1,
+                  scorer_resource: str | None = None) -> ray.data.Dataset:
     """`ds` with one row per API request of `kind` (ranker_batch/rows.py) → one output row per
     input row: `id_column`, the scores, `prompt_tokens` and `error`. `scorers`: scoring actors,
-    one per GPU (default: every GPU of the cluster; 1 on CPU)."""
+    one per GPU (default: every GPU of the cluster; 1 on CPU). `scorer_resource`: a custom
+    resource each scoring actor needs one of (and then no CPU), as the nodes meant for scoring
+    offer it (`ray start --resources='{"NAME": 1}'`)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     on_gpu = config.engine.device == "cuda"
@@ -44,9 +47,11 @@ def score_dataset(ds: ray.data.Dataset, config: AppConfig, kind: str, *, id_colu
     prepared = ds.map_batches(Prepare, fn_constructor_kwargs=args, batch_size=BATCH_ROWS,
                               batch_format="pyarrow", num_cpus=cpus,
                               compute=ActorPoolStrategy(min_size=1, max_size=preparers))
+    placement = ({"num_cpus": 0, "resources": {scorer_resource: 1}} if scorer_resource
+                 else {"num_cpus": cpus})
     return prepared.map_batches(
         Score, fn_constructor_kwargs=args, batch_size=BATCH_ROWS, batch_format="pyarrow",
-        num_gpus=1 if on_gpu else 0, num_cpus=cpus,
+        num_gpus=1 if on_gpu else 0, **placement,
         compute=ActorPoolStrategy(size=scorers,
                                   max_concurrent_calls_per_actor=SCORE_CALLS_PER_ACTOR))
 
@@ -79,12 +84,13 @@ class Summary:
 
 
 def run(config: AppConfig, kind: str, inputs: list[str], output: str, *, id_column: str = "id",
-        scorers: int | None = None, preparers: int = 1) -> Summary:
+        scorers: int | None = None, preparers: int = 1,
+        scorer_resource: str | None = None) -> Summary:
     """Score `inputs` into Parquet files under `output`; the summary is read back from them."""
     started = time.perf_counter()
     scorers = scorers or default_scorers(config)
     ds = score_dataset(read_input(inputs), config, kind, id_column=id_column, scorers=scorers,
-                       preparers=preparers)
+                       preparers=preparers, scorer_resource=scorer_resource)
     ds.write_parquet(output)
     wall_s = time.perf_counter() - started
     column = "scores" if kind == "score" else "relevance_scores"

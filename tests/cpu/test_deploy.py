@@ -182,3 +182,23 @@ def test_container_serve_config_is_the_shipped_one_on_all_interfaces(tmp_path):
     assert written["http_options"].pop("host") == "0.0.0.0"
     shipped["http_options"].pop("host")
     assert written == shipped
+
+
+def test_the_batch_rayjob_runs_the_batch_cli_on_the_gpu_image():
+    """deploy/rayjob.yaml: its entrypoint is a command line the batch CLI accepts, on the GPU
+    image and the pinned Ray, one GPU per worker pod."""
+    from ranker_batch.__main__ import parse_args
+
+    job = yaml.safe_load((REPO / "deploy" / "rayjob.yaml").read_text())
+    assert job["kind"] == "RayJob" and job["spec"]["shutdownAfterJobFinishes"] is True
+    command = job["spec"]["entrypoint"].split()
+    assert command[:3] == ["python", "-m", "ranker_batch"]
+    args = parse_args(command[3:])
+    assert (REPO / args.config).is_file() and args.kind in ("score", "rerank")
+    cluster = job["spec"]["rayClusterSpec"]
+    assert cluster["rayVersion"] == ray_pin()
+    pods = [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]
+    assert {c["image"] for p in pods for c in p["template"]["spec"]["containers"]} == {
+        make_rayservice.IMAGE_GPU}
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"

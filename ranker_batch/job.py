@@ -1,5 +1,5 @@
 """The batch job: read → Prepare (CPU actors) → Score (one actor per scorer) → write, streamed
-by Ray Data so a dataset larger than memory never sits in it whole (ranker_batch/stages.py).
+by Ray Data block by block (ranker_batch/stages.py).
 
 `score_dataset` is the Python interface (a Dataset in, a Dataset out); `run` reads Parquet or
 JSON lines and writes Parquet, as the CLI (ranker_batch/__main__.py) does.

@@ -36,7 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kind", choices=KINDS, required=True, help="the API the rows speak")
     p.add_argument("--input", nargs="+", required=True, help="Parquet or JSONL paths or URIs")
     p.add_argument("--output", required=True, help="a folder for the Parquet output; must be "
-                   "empty or new")
+                   "empty or new, unless --resume")
+    p.add_argument("--resume", action="store_true", help="--output (a local folder) holds what "
+                   "a stopped run of this job wrote: score only the rows it lacks")
     p.add_argument("--id-column", default="id", help="passed through to the output")
     p.add_argument("--scorers", type=int, help="scoring actors (default: one per GPU; 1 on CPU)")
     p.add_argument("--preparers", type=int, default=1, help="most CPU actors that tokenize and "
@@ -50,15 +52,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     output = Path(args.output)
-    if "://" not in args.output and output.exists() and any(output.iterdir()):
-        sys.exit(f"--output {args.output} is not empty: pick a new folder (a rerun would add "
-                 "a second copy of every row)")
+    if args.resume and "://" in args.output:
+        sys.exit("--resume needs a local --output folder")
+    if not args.resume and "://" not in args.output and output.exists() and any(output.iterdir()):
+        sys.exit(f"--output {args.output} is not empty: pick a new folder, or --resume a stopped "
+                 "run of the same job (a rerun would add a second copy of every row)")
     doc = yaml.safe_load(args.config.read_text())
     config = AppConfig.model_validate(doc["applications"][0].get("args") or {})
     ray.init(log_to_driver=False)
     summary = run(config, args.kind, args.input, args.output, id_column=args.id_column,
                   scorers=args.scorers, preparers=args.preparers,
-                  scorer_resource=args.scorer_resource)
+                  scorer_resource=args.scorer_resource, resume=args.resume)
     facts = {"rows": summary.rows, "items": summary.items, "error_rows": summary.error_rows,
              "items_per_s": round(summary.items_per_s, 1),
              "items_per_s_per_scorer": round(summary.items_per_s / summary.scorers, 1),

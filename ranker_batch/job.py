@@ -7,10 +7,14 @@ JSON lines and writes Parquet, as the CLI (ranker_batch/__main__.py) does.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import ray
 import ray.data
 from ray.data import ActorPoolStrategy
@@ -18,6 +22,8 @@ from ray.data import ActorPoolStrategy
 from ranker_batch.rows import KINDS
 from ranker_batch.stages import Prepare, Score
 from ranker_contract.config import AppConfig
+
+logger = logging.getLogger(__name__)
 
 # Logical CPUs each actor reserves. On a GPU the scorer holds a core for its loop; on CPU (a
 # development machine of a few cores) both stages leave room for Ray Data's read and write
@@ -83,13 +89,44 @@ class Summary:
         return self.items / self.wall_s if self.wall_s else 0.0
 
 
+def finished_ids(output: str, id_column: str) -> pa.Array | None:
+    """The ids of the rows a stopped run of the job wrote to the local folder `output`, or None
+    when it holds none. A file its driver left half-written does not read: it is deleted, and
+    its rows are scored again."""
+    ids = []
+    for path in sorted(Path(output).glob("*.parquet")):
+        try:
+            ids.append(pq.read_table(path, columns=[id_column]).column(id_column))
+        except (pa.ArrowException, OSError):
+            logger.warning("deleting %s, left unfinished by the stopped run", path)
+            path.unlink()
+    return pa.concat_arrays([c.combine_chunks() for c in ids]) if ids else None
+
+
+def without(ds: ray.data.Dataset, id_column: str, done: pa.Array) -> ray.data.Dataset:
+    """`ds` less the rows whose id is in `done`."""
+    done_ref = ray.put(done)
+
+    def keep(batch: pa.Table) -> pa.Table:
+        return batch.filter(pc.invert(pc.is_in(batch.column(id_column),
+                                               value_set=ray.get(done_ref))))
+
+    return ds.map_batches(keep, batch_format="pyarrow")
+
+
 def run(config: AppConfig, kind: str, inputs: list[str], output: str, *, id_column: str = "id",
-        scorers: int | None = None, preparers: int = 1,
-        scorer_resource: str | None = None) -> Summary:
-    """Score `inputs` into Parquet files under `output`; the summary is read back from them."""
+        scorers: int | None = None, preparers: int = 1, scorer_resource: str | None = None,
+        resume: bool = False) -> Summary:
+    """Score `inputs` into Parquet files under `output`; the summary is read back from them.
+    `resume`: `output` (a local folder) holds what a stopped run wrote; only the rows it lacks
+    are scored and added."""
     started = time.perf_counter()
     scorers = scorers or default_scorers(config)
-    ds = score_dataset(read_input(inputs), config, kind, id_column=id_column, scorers=scorers,
+    ds = read_input(inputs)
+    done = finished_ids(output, id_column) if resume else None
+    if done is not None:
+        ds = without(ds, id_column, done)
+    ds = score_dataset(ds, config, kind, id_column=id_column, scorers=scorers,
                        preparers=preparers, scorer_resource=scorer_resource)
     ds.write_parquet(output)
     wall_s = time.perf_counter() - started

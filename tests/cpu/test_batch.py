@@ -1,7 +1,7 @@
 """The offline batch job (python -m ranker_batch) on a local Ray, against the live service
 (the shared `client`, the same configs/score.yaml model): every row equals what the same body
-sent to the service answers, a row the API refuses carries its 4xx message, and a scoring actor
-killed mid-job costs no row and repeats none."""
+sent to the service answers, a row the API refuses carries its 4xx message, a scoring actor
+killed mid-job costs no row and repeats none, and a job whose driver died resumes."""
 
 import json
 import os
@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.cpu.processes import kill_all
 from tools import REPO_ROOT
 
 pytestmark = pytest.mark.service  # starts Ray
@@ -142,3 +143,29 @@ def test_a_scoring_actor_killed_mid_job_loses_and_repeats_no_row(tmp_path):
     ids = pq.read_table(output, columns=["id", "error"]).to_pydict()
     assert sorted(ids["id"]) == list(range(len(rows)))  # each row once
     assert ids["error"] == [None] * len(rows)
+
+
+def test_a_stopped_job_resumes_with_the_rows_it_lacks(tmp_path):
+    """The driver dies mid-job (SIGKILL, its local Ray with it); --resume into the same folder
+    keeps the files it finished, scores the rest, and every row is there once."""
+    rows = [{"id": i, "query": f"query number {i}",
+             "items": [f"item {j} of {i}" for j in range(6)], "label_token_ids": [YES, NO]}
+            for i in range(600)]
+    process, output = run_job("score", rows, tmp_path, wait=False)
+    try:
+        deadline = time.monotonic() + 600
+        while process.poll() is None and time.monotonic() < deadline and not (
+                output.exists() and any(output.glob("*.parquet"))):
+            time.sleep(0.2)
+        assert process.poll() is None, "the job ended before the kill"
+        kill_all([psutil.Process(process.pid), *psutil.Process(process.pid).children(True)])
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    kept = {p.name for p in output.glob("*.parquet")}
+    assert kept  # the stopped run finished some files: they stay
+    out, summary = run_job("score", rows, tmp_path, "--resume")
+    assert sorted(out) == list(range(len(rows)))  # each row once
+    assert summary["rows"] == len(rows) and summary["error_rows"] == 0
+    assert kept & {p.name for p in output.glob("*.parquet")}  # not started over

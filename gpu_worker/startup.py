@@ -1,6 +1,6 @@
 """What a scorer replica does once before it reports ready: size the prefix cache's pool, measure
 the batch budget (measure_budget) and run every kernel variant a batch can need (warm_up), so
-nothing compiles on the request path (docs/ARCHITECTURE.md, "Warm-up"). All its batches are of
+nothing compiles on the request path (docs/ARCHITECTURE.md, "Start-up"). All its batches are of
 one shape, the bench's (QUERY_TOKENS, ITEM_TOKENS).
 
 Triton compiles a kernel on its first call and again for each new specialization of its

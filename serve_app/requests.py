@@ -39,7 +39,7 @@ class RequestPath:
         model_path = config.resolved_model_path()
         model = ModelConfig.from_folder(model_path)
         tokenizer = TextTokenizer(model_path)
-        self.model_name = config.served_model_name
+        name = config.served_model_name
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
         # Routing keys only for queries the scorers would cache (None: no cache, no key).
@@ -47,15 +47,14 @@ class RequestPath:
         self.cacheable = (cache.min_tokens, cache.min_query_share) if cache.enabled else None
         if config.rerank.classifier_from_labels:  # as the scorer loads it (gpu_worker/heads.py)
             model = model.with_label_head()
-        self.score = ScoreRoute(self.limits, model.vocab_size, tokenizer, self.model_name,
-                                model.num_labels)
+        self.score = ScoreRoute(self.limits, model.vocab_size, tokenizer, name, model.num_labels)
         # On a causal LM, a label that is not exactly one token fails the start, naming it; a
         # classifier scores with its head and reads no label tokens.
         prompt = config.rerank.resolved_prompt()
         prompter = RerankPrompter(prompt, tokenizer, label_tokens=not model.is_classifier
                                   or config.rerank.classifier_from_labels)
         self.rerank = {version: RerankRoute(prompter, prompt.default_instruction, self.limits,
-                                            self.model_name, version, model.num_labels)
+                                            name, version, model.num_labels)
                        for version in ("1", "2")}
 
     def pack(self, route: Route, tokens: Tokenized) -> Packed:

@@ -41,8 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "a stopped run of this job wrote: score only the rows it lacks")
     p.add_argument("--id-column", default="id", help="passed through to the output")
     p.add_argument("--scorers", type=int, help="scoring actors (default: one per GPU; 1 on CPU)")
-    p.add_argument("--preparers", type=int, default=1, help="most CPU actors that tokenize and "
-                   "pack")
+    p.add_argument("--preparers", type=int, help="most CPU actors that tokenize and pack "
+                   "(default: 4 per GPU scorer, 1 on CPU)")
     p.add_argument("--scorer-resource", help="a custom resource the scoring actors need one "
                    "of (the nodes meant for scoring offer it)")
     p.add_argument("--summary-json", type=Path, help="also write the summary here")
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                   scorers=args.scorers, preparers=args.preparers,
                   scorer_resource=args.scorer_resource, resume=args.resume)
     facts = {"rows": summary.rows, "items": summary.items, "error_rows": summary.error_rows,
+             "prompt_tokens": summary.prompt_tokens,
              "items_per_s": round(summary.items_per_s, 1),
              "items_per_s_per_scorer": round(summary.items_per_s / summary.scorers, 1),
              "scorers": summary.scorers, "wall_s": round(summary.wall_s, 2)}

@@ -34,20 +34,28 @@ ACTOR_CPUS = {"cuda": 1.0, "cpu": 0.5}
 # to pack into full batches.
 BATCH_ROWS = 64
 SCORE_CALLS_PER_ACTOR = 4
+# Most tokenizing actors per scorer (Ray Data starts them as the queue needs): one keeps a GPU
+# fed on token ids, text needs more. On CPU one, for the reason above.
+PREPARERS_PER_SCORER = {"cuda": 4, "cpu": 1}
+# Output rows per Parquet file: blocks are small (BATCH_ROWS), and a file per block would leave
+# a large job with millions of files.
+FILE_ROWS = 1024
 
 
 def score_dataset(ds: ray.data.Dataset, config: AppConfig, kind: str, *, id_column: str = "id",
-                  scorers: int | None = None, preparers: int = 1,
+                  scorers: int | None = None, preparers: int | None = None,
                   scorer_resource: str | None = None) -> ray.data.Dataset:
     """`ds` with one row per API request of `kind` (ranker_batch/rows.py) → one output row per
     input row: `id_column`, the scores, `prompt_tokens` and `error`. `scorers`: scoring actors,
     one per GPU (default: every GPU of the cluster; 1 on CPU). `scorer_resource`: a custom
     resource each scoring actor needs one of (and then no CPU), as the nodes meant for scoring
-    offer it (`ray start --resources='{"NAME": 1}'`)."""
+    offer it (`ray start --resources='{"NAME": 1}'`). `preparers`: most tokenizing actors
+    (default PREPARERS_PER_SCORER per scorer)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     on_gpu = config.engine.device == "cuda"
     scorers = scorers or default_scorers(config)
+    preparers = preparers or PREPARERS_PER_SCORER[config.engine.device] * scorers
     args = {"config": config.model_dump(), "kind": kind, "id_column": id_column}
     cpus = ACTOR_CPUS[config.engine.device]
     prepared = ds.map_batches(Prepare, fn_constructor_kwargs=args, batch_size=BATCH_ROWS,
@@ -81,6 +89,7 @@ class Summary:
     rows: int
     items: int
     error_rows: int
+    prompt_tokens: int
     wall_s: float
     scorers: int
 
@@ -115,8 +124,8 @@ def without(ds: ray.data.Dataset, id_column: str, done: pa.Array) -> ray.data.Da
 
 
 def run(config: AppConfig, kind: str, inputs: list[str], output: str, *, id_column: str = "id",
-        scorers: int | None = None, preparers: int = 1, scorer_resource: str | None = None,
-        resume: bool = False) -> Summary:
+        scorers: int | None = None, preparers: int | None = None,
+        scorer_resource: str | None = None, resume: bool = False) -> Summary:
     """Score `inputs` into Parquet files under `output`; the summary is read back from them.
     `resume`: `output` (a local folder) holds what a stopped run wrote; only the rows it lacks
     are scored and added."""
@@ -128,13 +137,15 @@ def run(config: AppConfig, kind: str, inputs: list[str], output: str, *, id_colu
         ds = without(ds, id_column, done)
     ds = score_dataset(ds, config, kind, id_column=id_column, scorers=scorers,
                        preparers=preparers, scorer_resource=scorer_resource)
-    ds.write_parquet(output)
+    ds.write_parquet(output, min_rows_per_file=FILE_ROWS)
     wall_s = time.perf_counter() - started
     column = "scores" if kind == "score" else "relevance_scores"
-    rows = items = errors = 0
-    for ref in ray.data.read_parquet(output, columns=[column, "error"]).to_arrow_refs():
+    rows = items = errors = tokens = 0
+    for ref in ray.data.read_parquet(output, columns=[column, "prompt_tokens", "error"]
+                                     ).to_arrow_refs():
         block = ray.get(ref)
         rows += block.num_rows
         errors += pc.count(block.column("error")).as_py()  # the non-null ones
         items += pc.sum(pc.list_value_length(block.column(column))).as_py() or 0
-    return Summary(rows, items, errors, wall_s, scorers)
+        tokens += pc.sum(block.column("prompt_tokens")).as_py() or 0
+    return Summary(rows, items, errors, tokens, wall_s, scorers)

@@ -1,16 +1,18 @@
 """GPU throughput of the offline batch job (ranker_batch) on the standard bench shape.
 
 Usage: python -m loadtest.bench_batch --rows 30000 --input ids|text --gpus 1
-       [--config configs/score-gpu.yaml] [--engine-bench PATH] [--out PATH] [--commit SHA]
+       [--config score-gpu.yaml] [--engine-bench PATH] [--out PATH] [--commit SHA]
 
 Writes `--rows` rows of a 120-token query and 10 items of 180 tokens (token ids: uniform random
-ids; text: natural words, tools/workload.py, about the same token counts) as Parquet, runs the
-job's CLI (`python -m ranker_batch --kind score`) on the first `--gpus` GPUs, and samples each
-GPU's utilization with nvidia-smi meanwhile. The CLI's wall time includes the scorers' start-up
-(model load, budget probe, warm-up); the steady rate excludes it: items in the output files
-written after the first one, over the time from the first file to the last (file mtimes).
-`gpu_idle_share` is 1 − utilization over that same span, averaged over the GPUs. Appends one
-object to the JSON list `--out`; `engine_bench_items_per_s` is read from `--engine-bench` (a
+ids; text: natural words, tools/workload.py, about the same token counts) as Parquet, then runs
+the job's Python interface (ranker_batch.job: read_input → score_dataset) on a local Ray with the
+first `--gpus` GPUs, taking each output block on the driver as it comes (and writing it as
+Parquet), while nvidia-smi samples each GPU's utilization. `wall_s` is the whole job, the
+scorers' start-up (model load, budget probe, warm-up) included, and `first_block_s` is how
+long the first output block took; `items_per_s` is the steady rate: the items of every block
+after the first, over the time from the first block to the last. `gpu_idle_share` is
+1 − utilization over that same span, averaged over the GPUs. Appends one object to the JSON
+list `--out`; `engine_bench_items_per_s` is read from `--engine-bench` (a
 loadtest/bench_engine.py JSON of the same call).
 """
 
@@ -28,8 +30,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import ray
 
+from ranker_batch.job import read_input, score_dataset
+from tools.configs import shipped_app_config
 from tools.workload import WORDS, Workload
 
 INPUT_FILES = 16
@@ -93,12 +99,30 @@ class UtilizationSampler:
         return samples
 
 
+def run_job(folder: Path, config: str, gpus: int) -> list[tuple[float, int, int, int, int]]:
+    """Per output block as the driver takes it: (time, rows, items, prompt tokens, errors)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))
+    ray.init(include_dashboard=False, log_to_driver=False)
+    ds = score_dataset(read_input([str(folder / "input")]), shipped_app_config(config), "score",
+                       scorers=gpus)
+    (folder / "output").mkdir()
+    blocks = []
+    for n, block in enumerate(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
+        blocks.append((time.time(), block.num_rows,
+                       pc.sum(pc.list_value_length(block.column("scores"))).as_py() or 0,
+                       pc.sum(block.column("prompt_tokens")).as_py() or 0,
+                       pc.count(block.column("error")).as_py()))
+        pq.write_table(block, folder / "output" / f"part-{n:05d}.parquet")
+    ray.shutdown()
+    return blocks
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, required=True)
     p.add_argument("--input", choices=("ids", "text"), required=True)
     p.add_argument("--gpus", type=int, default=1)
-    p.add_argument("--config", default="configs/score-gpu.yaml")
+    p.add_argument("--config", default="score-gpu.yaml", help="a file under configs/")
     p.add_argument("--engine-bench", type=Path, help="bench_engine JSON of the same call")
     p.add_argument("--out", type=Path, default=Path("docs/results/batch_h100/batch.json"))
     p.add_argument("--commit", help="the commit measured (default: git HEAD)")
@@ -106,25 +130,17 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_batch_"))
     (work / "input").mkdir()
     write_input(work / "input", args.rows, args.input == "text")
-    command = [sys.executable, "-m", "ranker_batch", "--config", args.config, "--kind", "score",
-               "--input", str(work / "input"), "--output", str(work / "output"),
-               "--scorers", str(args.gpus), "--summary-json", str(work / "summary.json")]
-    env = os.environ | {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(args.gpus)))}
     sampler = UtilizationSampler(work / "utilization.csv")
     started = time.time()
-    subprocess.run(command, env=env, check=True)
+    blocks = run_job(work, args.config, args.gpus)
     wall_s = time.time() - started
     samples = sampler.stop()
-    summary = json.loads((work / "summary.json").read_text())
-    if summary["error_rows"] or summary["rows"] != args.rows:
-        sys.exit(f"the job lost or refused rows: {summary}")
-    files = sorted((f.stat().st_mtime, pq.ParquetFile(f).metadata.num_rows)
-                   for f in (work / "output").glob("*.parquet"))
-    items_per_row = summary["items"] // summary["rows"]
-    span_s = files[-1][0] - files[0][0]
-    steady = sum(rows for _, rows in files[1:]) * items_per_row / span_s
-    busy = [util for when, gpu, util in samples
-            if files[0][0] <= when <= files[-1][0] and gpu < args.gpus]
+    rows, items, tokens, errors = (sum(b[i] for b in blocks) for i in range(1, 5))
+    if errors or rows != args.rows:
+        sys.exit(f"the job lost or refused rows: {rows} rows of {args.rows}, {errors} errors")
+    first, last = blocks[0][0], blocks[-1][0]
+    steady = sum(b[2] for b in blocks[1:]) / (last - first)
+    busy = [util for when, gpu, util in samples if first <= when <= last and gpu < args.gpus]
     engine_bench = (json.loads(args.engine_bench.read_text())["engine_items_per_s"]
                     if args.engine_bench else None)
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
@@ -133,23 +149,21 @@ def main() -> int:
                          capture_output=True, text=True).stdout.strip()
     run = {"gpu": gpu, "commit": commit,
            "command": "python -m loadtest.bench_batch " + " ".join(sys.argv[1:]),
-           "job_command": " ".join(command[1:]), "gpus": args.gpus, "input": args.input,
-           "rows": summary["rows"], "items": summary["items"],
+           "gpus": args.gpus, "input": args.input, "rows": rows, "items": items,
            "items_per_s": round(steady, 1), "items_per_s_per_gpu": round(steady / args.gpus, 1),
            "engine_bench_items_per_s": engine_bench and round(engine_bench, 1),
            "per_gpu_share_of_engine_bench": engine_bench and round(steady / args.gpus
                                                                    / engine_bench, 3),
            "gpu_idle_share": round(1 - sum(busy) / len(busy) / 100, 3) if busy else None,
-           "wall_s": round(wall_s, 1), "job_items_per_s": round(summary["items"] / wall_s, 1),
-           "steady_span_s": round(span_s, 1), "output_files": len(files),
-           "tokens_per_item": round(summary["prompt_tokens"] / summary["items"], 1)
-           if "prompt_tokens" in summary else None,
+           "wall_s": round(wall_s, 1), "job_items_per_s": round(items / wall_s, 1),
+           "first_block_s": round(first - started, 1), "tokens_per_item": round(tokens / items, 1),
            "workload": Workload().describe()}
     runs = json.loads(args.out.read_text()) if args.out.exists() else []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(runs + [run], indent=2))
     keys = ("gpus", "input", "items", "items_per_s_per_gpu", "engine_bench_items_per_s",
-            "per_gpu_share_of_engine_bench", "gpu_idle_share", "wall_s", "job_items_per_s")
+            "per_gpu_share_of_engine_bench", "gpu_idle_share", "first_block_s", "wall_s",
+            "job_items_per_s")
     print("\n".join(f"{k:30s} {run[k]}" for k in keys))
     return 0
 

@@ -44,6 +44,14 @@ class BatchEngine(Protocol):
 
 
 @dataclass(slots=True)
+class JobStart:
+    """Shared by the tasks of one job: set once any of them is picked into a batch. The queue-wait
+    bound is on a job's start: a large job's later sequences wait behind its own first ones."""
+
+    started: bool = False
+
+
+@dataclass(slots=True)
 class ScoreTask:
     """One packed sequence waiting to be scored, with its request's label ids."""
 
@@ -54,6 +62,7 @@ class ScoreTask:
     cancelled: Callable[[], bool] = lambda: False
     arrived: float = field(default_factory=time.monotonic)  # for the queue-wait bound
     launched: float = 0.0  # time.monotonic() when its batch was launched (set by the scheduler)
+    job: JobStart = field(default_factory=JobStart)  # the job's other tasks hold the same one
 
     @property
     def num_tokens(self) -> int:
@@ -153,8 +162,8 @@ class Scheduler:
         Admission: with `max_queued_tokens` > 0 a job that would push the tokens waiting past it
         raises ScorerOverloaded (nothing is queued). A job always gets in when nothing waits, so a
         request larger than the limit is slow, never refused forever. With `max_queue_wait_s`
-        > 0 a sequence still waiting that long after it arrived fails the job with
-        ScorerOverloaded, and the job's other sequences are dropped unscored.
+        > 0 a job none of whose sequences has started that long after it arrived fails with
+        ScorerOverloaded, its sequences dropped unscored; once one has started, the rest run.
         """
         queued = self.depth().queued_tokens
         tokens = sum(seq.num_tokens for seq in job.sequences)
@@ -165,13 +174,13 @@ class Scheduler:
                                    f"{self.max_queued_tokens})")
         loop = asyncio.get_running_loop()
         arrived = time.monotonic()
-        futures, tasks = [], []
+        futures, tasks, start = [], [], JobStart()
         for seq in job.sequences:
             fut = loop.create_future()
             # NOTE: if the request is cancelled (client gone, timeout), gather cancels these
             # futures; the loop thread reads fut.cancelled() and drops the task unscored.
             tasks.append(ScoreTask(seq, job.label_ids, _resolver(loop, fut), fut.cancelled,
-                                   arrived))
+                                   arrived, job=start))
             futures.append(fut)
         self.submit(*tasks)
         try:
@@ -237,7 +246,8 @@ class Scheduler:
                 self._drop_first()
                 self.cancelled_dropped += 1
                 continue
-            if 0 < self.max_queue_wait_s < now - task.arrived:  # too late to be worth computing
+            if (0 < self.max_queue_wait_s < now - task.arrived
+                    and not task.job.started):  # too late to be worth computing
                 self._drop_first()
                 self.expired_dropped += 1
                 with self._lock:
@@ -250,6 +260,7 @@ class Scheduler:
             if batch and tokens + task.num_tokens > self.batch_token_budget:
                 break
             batch.append(self._waiting.popleft())
+            task.job.started = True
             tokens += task.num_tokens
         if batch:
             with self._lock:

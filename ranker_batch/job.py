@@ -44,13 +44,15 @@ FILE_ROWS = 1024
 
 def score_dataset(ds: ray.data.Dataset, config: AppConfig, kind: str, *, id_column: str = "id",
                   scorers: int | None = None, preparers: int | None = None,
-                  scorer_resource: str | None = None) -> ray.data.Dataset:
+                  scorer_resource: str | None = None, score_stage: type = Score
+                  ) -> ray.data.Dataset:
     """`ds` with one row per API request of `kind` (ranker_batch/rows.py) → one output row per
     input row: `id_column`, the scores, `prompt_tokens` and `error`. `scorers`: scoring actors,
     one per GPU (default: every GPU of the cluster; 1 on CPU). `scorer_resource`: a custom
     resource each scoring actor needs one of (and then no CPU), as the nodes meant for scoring
     offer it (`ray start --resources='{"NAME": 1}'`). `preparers`: most tokenizing actors
-    (default PREPARERS_PER_SCORER per scorer)."""
+    (default PREPARERS_PER_SCORER per scorer). `score_stage`: the scoring stage's class (a
+    measurement of the pipeline alone gives a stand-in)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     on_gpu = config.engine.device == "cuda"
@@ -64,7 +66,7 @@ def score_dataset(ds: ray.data.Dataset, config: AppConfig, kind: str, *, id_colu
     placement = ({"num_cpus": 0, "resources": {scorer_resource: 1}} if scorer_resource
                  else {"num_cpus": cpus})
     return prepared.map_batches(
-        Score, fn_constructor_kwargs=args, batch_size=BATCH_ROWS, batch_format="pyarrow",
+        score_stage, fn_constructor_kwargs=args, batch_size=BATCH_ROWS, batch_format="pyarrow",
         num_gpus=1 if on_gpu else 0, **placement,
         compute=ActorPoolStrategy(size=scorers,
                                   max_concurrent_calls_per_actor=SCORE_CALLS_PER_ACTOR))

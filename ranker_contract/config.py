@@ -32,9 +32,11 @@ class _Settings(BaseModel):
 
 class Limits(_Settings):
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="request body")
-    max_items_per_request: int = Field(1024, gt=0)
+    max_items_per_request: int = Field(10_000, gt=0, description="items, or rerank document "
+                                       "chunks (Cohere's limit)")
     max_labels_per_request: int = Field(64, gt=0)
-    max_tokens_per_request: int = Field(65536, gt=0, description="query + all items, tokenized")
+    max_tokens_per_request: int = Field(1 << 20, gt=0, description="query + all items, "
+                                        "tokenized")
     max_seq_tokens: int = Field(8192, gt=1, description="one packed sequence; longer requests "
                                 "are split at item boundaries")
 
@@ -251,6 +253,12 @@ class RerankConfig(_Settings):
     prompt: RerankPrompt | None = Field(None, description="the custom template's strings")
     default_instruction: str | None = Field(
         None, description="overrides the template's default instruction; requests may override")
+    chunk_overlap_tokens: int = Field(
+        0, ge=0, description="a document longer than fits is scored in chunks, its score the "
+        "best chunk's (docs/API.md, \"Long documents\"); each chunk repeats this many tokens "
+        "of the one before (at most half a chunk)")
+    max_query_tokens: int = Field(2048, gt=0, description="a longer query is a 400 (Cohere's "
+                                  "limit)")
     classifier_from_labels: bool = Field(
         False, description="a causal LM only: at load, its LM head's yes and no rows become a "
         "one-class head, score = logit(yes) - logit(no) (vLLM's classifier_from_token): the "

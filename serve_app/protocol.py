@@ -78,6 +78,15 @@ class RerankRequest(BaseModel):
     max_tokens_per_doc: StrictInt | None = Field(
         default=None, ge=1, description="Truncate each document to this many tokens. Without "
         "it a document too long for the model is an error (nothing is truncated silently).")
+    max_chunks_per_doc: StrictInt | None = Field(
+        default=None, ge=1, description="Cohere v1's: score at most this many chunks of a long "
+        "document (the rest is not read); documents × max_chunks_per_doc ≤ 10,000.")
+    truncate: StrictBool = Field(
+        default=False, description="TEI's: a document longer than fits is cut to fit, one "
+        "pass, instead of scored in chunks.")
+    truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
+        default="Right", description="TEI's: with truncate, Right keeps a document's start, "
+        "Left its end.")
     instruction: StrictStr | None = Field(
         default=None, description="Replaces the configured default instruction of the prompt.")
 
@@ -96,6 +105,7 @@ class RerankResult(BaseModel):
     index: int
     relevance_score: float
     document: RerankDocument | None = None  # only with return_documents
+    best_chunk: int | None = None  # a document scored in chunks: the one whose score it has
 
 
 class RerankResponse(BaseModel):

@@ -52,7 +52,10 @@ class RequestPath:
         # classifier scores with its head and reads no label tokens.
         prompt = config.rerank.resolved_prompt()
         prompter = RerankPrompter(prompt, tokenizer, label_tokens=not model.is_classifier
-                                  or config.rerank.classifier_from_labels)
+                                  or config.rerank.classifier_from_labels,
+                                  window=min(self.max_context, self.limits.max_seq_tokens),
+                                  chunk_overlap=config.rerank.chunk_overlap_tokens,
+                                  max_query_tokens=config.rerank.max_query_tokens)
         self.rerank = {version: RerankRoute(prompter, prompt.default_instruction, self.limits,
                                             name, version, model.num_labels)
                        for version in ("1", "2")}

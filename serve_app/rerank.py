@@ -6,6 +6,12 @@ and instruction) is the shared query of ranker_contract/packing.py, and each ite
 document's tokens followed by the suffix's tokens, so each item's score row is its last suffix
 token, where the model says yes or no (a classification model's head reads that row instead:
 serve_app/classifier.py).
+
+A document too long for the model's window (with the prefix and suffix) is scored in chunks,
+as Cohere's Rerank does: consecutive slices of its tokens, each an item of the same packed
+sequences, the document's score the best chunk's (docs/API.md, "Long documents").
+`max_tokens_per_doc` truncates before chunking, `max_chunks_per_doc` caps the chunks, and
+`truncate` (TEI's) cuts the document to fit instead.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ranker_contract.config import Limits, RerankPrompt
@@ -24,6 +31,8 @@ from serve_app.validate import check_text
 _PLACEHOLDER = re.compile(r"\{(query|instruction)\}")
 # Cohere bills one search unit per 100 documents.
 DOCS_PER_SEARCH_UNIT = 100
+# Cohere v1 refuses documents × max_chunks_per_doc above this.
+MAX_DOCUMENT_CHUNKS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +44,9 @@ class RerankInput:
     return_documents: bool
     max_tokens_per_doc: int | None
     model: str | None
+    max_chunks_per_doc: int | None = None
+    truncate: bool = False
+    keep_end: bool = False  # truncate's direction: keep the end (TEI's Left), else the start
 
 
 def check_rerank(req: RerankRequest, limits: Limits, default_instruction: str) -> RerankInput:
@@ -54,18 +66,42 @@ def check_rerank(req: RerankRequest, limits: Limits, default_instruction: str) -
     check_text(instruction, "instruction")
     if req.model is not None:
         check_text(req.model, "model")
+    if (req.max_chunks_per_doc is not None
+            and len(documents) * req.max_chunks_per_doc > MAX_DOCUMENT_CHUNKS):
+        raise ApiError(400, f"{len(documents)} documents × max_chunks_per_doc="
+                       f"{req.max_chunks_per_doc} is more than {MAX_DOCUMENT_CHUNKS} chunks",
+                       "max_chunks_per_doc")
     return RerankInput(req.query, documents, instruction, req.top_n, req.return_documents,
-                       req.max_tokens_per_doc, req.model)
+                       req.max_tokens_per_doc, req.model, req.max_chunks_per_doc, req.truncate,
+                       req.truncation_direction.lower() == "left")
+
+
+@dataclass(frozen=True, slots=True)
+class RerankTokens:
+    """A request's prefix and items, with each item's document: one document may be several
+    chunks, each its own item."""
+
+    prefix: list[int]
+    items: list[list[int]]
+    documents: list[int]  # per item, the index of its document
+    truncated: int = 0  # documents cut short: max_tokens_per_doc, truncate
+    capped: int = 0  # documents with chunks past max_chunks_per_doc, left unread
 
 
 class RerankPrompter:
     """The configured template, with its fixed parts and label ids tokenized once.
     `label_tokens`: resolve the yes/no labels to token ids (a causal LM; a classifier's head
-    needs none: then `label_ids` is None)."""
+    needs none: then `label_ids` is None). `window`: the most tokens of prefix + one item (the
+    model's context, and a packed sequence's length); a longer document is scored in chunks,
+    each repeating `chunk_overlap` tokens of the one before (at most half a chunk). Without a
+    window nothing is chunked (packing then refuses what does not fit)."""
 
     def __init__(self, prompt: RerankPrompt, tokenizer: TextTokenizer, *,
-                 label_tokens: bool = True) -> None:
+                 label_tokens: bool = True, window: int | None = None, chunk_overlap: int = 0,
+                 max_query_tokens: int = 2048) -> None:
         self.tokenizer = tokenizer
+        self.window, self.chunk_overlap = window, chunk_overlap
+        self.max_query_tokens = max_query_tokens
         before, after = prompt.document.split("{document}")
         self._prefix_template = prompt.prefix + before
         self._after = after + prompt.suffix  # the text after each document
@@ -87,24 +123,56 @@ class RerankPrompter:
         stripped = text.rstrip(" ")
         return stripped, text[len(stripped):]
 
-    def tokenize(self, req: RerankInput) -> tuple[list[int], list[list[int]], int]:
-        """(prefix ids, items = document ids + suffix ids, number of truncated documents)."""
+    def tokenize(self, req: RerankInput) -> RerankTokens:
+        query_tokens = len(self.tokenizer.encode_query(req.query))
+        if query_tokens > self.max_query_tokens:
+            raise ApiError(400, f"query is {query_tokens} tokens; the limit is "
+                           f"{self.max_query_tokens}", "query")
         prefix, lead = self.render_prefix(req.query, req.instruction)
         prefix_ids = self.tokenizer.encode_query(prefix)
         if not req.documents:
-            return prefix_ids, [], 0
+            return RerankTokens(prefix_ids, [], [])
+        room = (None if self.window is None  # document tokens per item
+                else self.window - len(prefix_ids) - len(self.suffix_ids))
+        if room is not None and room < 1:
+            raise ApiError(400, f"query and the prompt template are {len(prefix_ids)} tokens "
+                           f"(+ {len(self.suffix_ids)} after each document): no room for a "
+                           f"document in the model's window of {self.window}", "query")
         # Each document is tokenized together with the text after it: BPE may join a
         # document's last characters with the suffix's first (".\n" is one Qwen token), and the
-        # joined prompt text is what the model reads.
-        items = self.tokenizer.encode_items([lead + d + self._after for d in req.documents])
-        truncated = 0
-        if req.max_tokens_per_doc is not None:
-            docs = self.tokenizer.encode_items([lead + d for d in req.documents])
-            for k, doc in enumerate(docs):
-                if len(doc) > req.max_tokens_per_doc:
-                    items[k] = doc[:req.max_tokens_per_doc] + self.suffix_ids
+        # joined prompt text is what the model reads. A document cut or chunked is its own
+        # tokens, then the suffix's.
+        joined = self.tokenizer.encode_items([lead + d + self._after for d in req.documents])
+        long = [k for k, item in enumerate(joined) if req.max_tokens_per_doc
+                or (room is not None and len(item) > room + len(self.suffix_ids))]
+        alone = dict(zip(long, self.tokenizer.encode_items([lead + req.documents[k]
+                                                            for k in long]) if long else []))
+        items, documents, truncated, capped = [], [], 0, 0
+        for k, item in enumerate(joined):
+            doc = alone.get(k)
+            if doc is not None and req.max_tokens_per_doc and len(doc) > req.max_tokens_per_doc:
+                doc, item = doc[:req.max_tokens_per_doc], None
+                truncated += 1
+            if doc is not None and room is not None and len(doc) > room:
+                if req.truncate:
+                    doc, item = (doc[-room:] if req.keep_end else doc[:room]), None
                     truncated += 1
-        return prefix_ids, items, truncated
+                else:
+                    chunks = self._chunks(doc, room)
+                    if req.max_chunks_per_doc and len(chunks) > req.max_chunks_per_doc:
+                        chunks = chunks[:req.max_chunks_per_doc]
+                        capped += 1
+                    items.extend(chunk + self.suffix_ids for chunk in chunks)
+                    documents.extend([k] * len(chunks))
+                    continue
+            items.append(item if item is not None else doc + self.suffix_ids)
+            documents.append(k)
+        return RerankTokens(prefix_ids, items, documents, truncated, capped)
+
+    def _chunks(self, doc: list[int], room: int) -> list[list[int]]:
+        step = room - min(self.chunk_overlap, room // 2)
+        starts = range(0, max(len(doc) - room, 0) + step, step)
+        return [doc[start:start + room] for start in starts]
 
 
 def relevance(yes_no_logprobs: list[float]) -> float:
@@ -113,13 +181,28 @@ def relevance(yes_no_logprobs: list[float]) -> float:
     return sigmoid(yes - no)
 
 
+def best_chunks(item_scores: list[float], documents: Sequence[int], n_documents: int
+                ) -> tuple[list[float], dict[int, int]]:
+    """Each document's score, its best chunk's, and for a document of several chunks which one
+    that is (from 0)."""
+    scores, best, chunks = [-math.inf] * n_documents, [0] * n_documents, [0] * n_documents
+    for score, doc in zip(item_scores, documents, strict=True):
+        if score > scores[doc]:
+            scores[doc], best[doc] = score, chunks[doc]
+        chunks[doc] += 1
+    return scores, {doc: best[doc] for doc in range(n_documents) if chunks[doc] > 1}
+
+
 def build_response(req: RerankInput, scores: list[float], prompt_tokens: int, truncated: int,
-                   api_version: str, model: str) -> dict:
-    """Cohere's response (sorted by score, ties by index; top_n) plus Jina's `usage`."""
+                   api_version: str, model: str, *, best_chunk: dict[int, int] | None = None,
+                   capped: int = 0) -> dict:
+    """Cohere's response (sorted by score, ties by index; top_n) plus Jina's `usage`; a
+    document scored in chunks says which chunk won (`best_chunk`)."""
+    best_chunk = best_chunk or {}
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     if req.top_n is not None:
         order = order[:req.top_n]
-    results = [RerankResult(index=i, relevance_score=scores[i],
+    results = [RerankResult(index=i, relevance_score=scores[i], best_chunk=best_chunk.get(i),
                             document=RerankDocument(text=req.documents[i])
                             if req.return_documents else None).model_dump(exclude_none=True)
                for i in order]
@@ -129,8 +212,14 @@ def build_response(req: RerankInput, scores: list[float], prompt_tokens: int, tr
         "tokens": {"input_tokens": prompt_tokens, "output_tokens": 0},
         "truncated_documents": truncated,
     }
+    warnings = []
     if truncated:
-        meta["warnings"] = [f"{truncated} documents were truncated to max_tokens_per_doc="
-                            f"{req.max_tokens_per_doc} tokens"]
+        warnings.append(f"{truncated} documents were truncated (max_tokens_per_doc or "
+                        "truncate)")
+    if capped:
+        warnings.append(f"{capped} documents had more than max_chunks_per_doc="
+                        f"{req.max_chunks_per_doc} chunks: the rest of each was not scored")
+    if warnings:
+        meta["warnings"] = warnings
     return {"id": str(uuid.uuid4()), "model": model, "results": results, "meta": meta,
             "usage": {"total_tokens": prompt_tokens}}

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from ranker_contract.config import Limits
 from serve_app.classifier import class_scores, classifier_relevance, rerank_classes
 from serve_app.protocol import ApiError, RerankRequest, ScoreResponse, Usage
-from serve_app.rerank import RerankInput, RerankPrompter, build_response, check_rerank, relevance
+from serve_app.rerank import (
+    RerankInput,
+    RerankPrompter,
+    best_chunks,
+    build_response,
+    check_rerank,
+    relevance,
+)
 from serve_app.scoring import to_scores, tokenize
 from serve_app.tokenizer import TextTokenizer
 from serve_app.validate import ParsedRequest, check_request, parse_body
@@ -28,7 +35,9 @@ class Tokenized:
     label_ids: list[int]
     from_text: bool  # tokenized here (timed as tokenize_ms), not sent as token ids
     item_first: bool = False
-    truncated: int = 0  # items cut short on the client's request (rerank's max_tokens_per_doc)
+    truncated: int = 0  # rerank documents cut short on the client's request
+    documents: list[int] | None = None  # rerank: each item's document (None: item k is doc k)
+    capped: int = 0  # rerank documents with chunks past max_chunks_per_doc, left unread
 
 
 class ScoreRoute:
@@ -103,14 +112,25 @@ class RerankRoute:
         return await asyncio.to_thread(self.tokenize_now, req)
 
     def tokenize_now(self, req: RerankInput) -> Tokenized:
-        prefix, items, truncated = self.prompter.tokenize(req)
-        return Tokenized(prefix, items, self.label_ids, from_text=True, truncated=truncated)
+        tokens = self.prompter.tokenize(req)
+        if len(tokens.items) > self.limits.max_items_per_request:
+            raise ApiError(413, f"the {len(req.documents)} documents make {len(tokens.items)} "
+                           f"chunks; the limit is {self.limits.max_items_per_request} per "
+                           "request (max_tokens_per_doc or max_chunks_per_doc lower it)",
+                           "documents")
+        return Tokenized(tokens.prefix, tokens.items, self.label_ids, from_text=True,
+                         truncated=tokens.truncated, documents=tokens.documents,
+                         capped=tokens.capped)
 
     def respond(self, req: RerankInput, tokenized: Tokenized,
                 logprobs: list[list[float]], prompt_tokens: int) -> dict:
-        return build_response(req, [self.relevance(row) for row in logprobs], prompt_tokens,
-                              tokenized.truncated, self.api_version,
-                              req.model or self.model_name)
+        documents = (tokenized.documents if tokenized.documents is not None
+                     else range(len(logprobs)))
+        scores, best = best_chunks([self.relevance(row) for row in logprobs], documents,
+                                   len(req.documents))
+        return build_response(req, scores, prompt_tokens, tokenized.truncated, self.api_version,
+                              req.model or self.model_name, best_chunk=best,
+                              capped=tokenized.capped)
 
 
 Route = ScoreRoute | RerankRoute

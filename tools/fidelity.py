@@ -198,7 +198,8 @@ def pack_all(folder: Path, template: str, requests: list[LabelledRequest]
     for r in requests:
         rerank = RerankInput(r.query, r.documents, prompt.default_instruction, None, False, None,
                              None)
-        query_ids, item_ids, _ = prompter.tokenize(rerank)
+        tokens = prompter.tokenize(rerank)
+        query_ids, item_ids = tokens.prefix, tokens.items
         sequences = pack_request(query_ids, item_ids, item_first=False, delimiter_id=DELIMITER_ID,
                                  max_seq_tokens=Limits().max_seq_tokens, max_context=max_context)
         packed.append(Packed(sequences, len(item_ids)))

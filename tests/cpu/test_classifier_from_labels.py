@@ -74,7 +74,8 @@ def test_sigmoid_of_the_score_is_hfs_and_todays_relevance(converted, default_mod
     assert tuple(prompter.label_ids) == yes_no  # the ingress resolves the same tokens
     req = check_rerank(RerankRequest(query=QUERY, documents=DOCS), Limits(),
                        PROMPT.default_instruction)
-    prefix, items, _ = prompter.tokenize(req)
+    tokens = prompter.tokenize(req)
+    prefix, items = tokens.prefix, tokens.items
     seq = [pack_multi_item(prefix, items, 0)]
     (scores,) = engine.finish(engine.launch(seq, [[0]]))
     causal = engine_for(default_model_path)

@@ -41,7 +41,7 @@ CASES = [
     ("apply_softmax not a bool", _with(apply_softmax="yes"), 400, "apply_softmax"),
     ("item_first not a bool", _with(item_first=1), 400, "item_first"),
     ("model not a string", _with(model=3), 400, "model"),
-    ("too many items", _with(items=["a"] * 1025), 413, "items"),
+    ("too many items", _with(items=["a"] * 10_001), 413, "items"),
     ("too many tokens", _with(query=[1], items=[[2] * 1000] * 40), 413, "items"),
     ("query + item beyond the context", _with(query=[1], items=[[2] * 8192]), 400, "items[0]"),
     ("empty query and empty item", _with(query=[], items=[[1], []]), 400, "items[1]"),

@@ -13,6 +13,7 @@ qwen3 and yes_no templates.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import shutil
 from pathlib import Path
@@ -21,8 +22,9 @@ import pytest
 import torch
 
 from ranker_contract.config import AppConfig, RerankConfig, RerankPrompt
-from serve_app.protocol import RerankRequest
-from serve_app.rerank import RerankPrompter, check_rerank, relevance
+from serve_app.protocol import ApiError, RerankRequest
+from serve_app.rerank import RerankPrompter, best_chunks, check_rerank, relevance
+from serve_app.routes import RerankRoute
 from serve_app.scoring import pack
 from serve_app.tokenizer import TextTokenizer
 
@@ -92,7 +94,8 @@ def test_rerank_scores_equal_hf_on_each_full_prompt(template, default_model_path
     prompter = RerankPrompter(prompt, TextTokenizer(path))
     req = check_rerank(RerankRequest(query=QUERY, documents=DOCUMENTS), config.limits,
                        prompt.default_instruction)
-    prefix, items, truncated = prompter.tokenize(req)
+    tokens = prompter.tokenize(req)
+    prefix, items, truncated = tokens.prefix, tokens.items, tokens.truncated
     assert truncated == 0
     sequences = pack(prefix, items, config.limits, max_context=8192, field="documents")
     assert len(sequences) == 1  # one multi-item sequence: the prefix is computed once
@@ -124,7 +127,8 @@ def test_max_tokens_per_doc_truncates_the_document_not_the_suffix(default_model_
     docs = ["one two three four five six seven eight", "short"]
     req = check_rerank(RerankRequest(query="q", documents=docs, max_tokens_per_doc=3),
                        config.limits, "")
-    _, items, truncated = prompter.tokenize(req)
+    tokens = prompter.tokenize(req)
+    items, truncated = tokens.items, tokens.truncated
     assert truncated == 1
     suffix = prompter.suffix_ids
     assert items[0][-len(suffix):] == suffix and len(items[0]) == 3 + len(suffix)
@@ -139,3 +143,59 @@ def test_a_label_that_is_not_one_token_fails_at_start_naming_it(default_model_pa
     prompt = RerankConfig().resolved_prompt().model_copy(update={"yes_label": "yes indeed"})
     with pytest.raises(ValueError, match="yes_label 'yes indeed'"):
         RerankPrompter(prompt, TextTokenizer(default_model_path))
+
+
+def _chunking(default_model_path, window, overlap=0, limits=None):
+    config = AppConfig()
+    prompter = RerankPrompter(config.rerank.resolved_prompt(), TextTokenizer(default_model_path),
+                              window=window, chunk_overlap=overlap)
+    route = RerankRoute(prompter, "", limits or config.limits, "m", "1")
+    return prompter, route
+
+
+def _request(route, **body):
+    return route.parse(json.dumps({"query": "q"} | body).encode())
+
+
+@pytest.mark.parametrize("overlap", [0, 7, 10_000])
+def test_a_long_document_is_cut_into_consecutive_chunks_that_cover_it(default_model_path,
+                                                                      overlap):
+    """Each chunk fits the window with the prefix and suffix; together they hold the document's
+    tokens in order, each after the first repeating `overlap` tokens (at most half a chunk)."""
+    prompter, route = _chunking(default_model_path, window=120, overlap=overlap)
+    doc = " ".join(f"w{k}" for k in range(300))
+    tokens = route.tokenize_now(_request(route, documents=["short", doc]))
+    ids = prompter.tokenizer.encode_items([" " + doc])[0]
+    suffix = prompter.suffix_ids
+    chunks = [item[:-len(suffix)] for item in tokens.items[1:]]
+    room = 120 - len(tokens.prefix) - len(suffix)
+    assert tokens.documents == [0] + [1] * len(chunks) and len(chunks) >= 3
+    assert all(item[-len(suffix):] == suffix for item in tokens.items)
+    assert all(len(c) == room for c in chunks[:-1]) and 0 < len(chunks[-1]) <= room
+    repeat = min(overlap, room // 2)
+    rebuilt = chunks[0] + [t for c in chunks[1:] for t in c[repeat:]]
+    assert rebuilt == ids
+    for before, after in zip(chunks, chunks[1:]):
+        assert after[:repeat] == before[len(before) - repeat:]
+
+
+def test_chunks_past_the_request_limit_are_a_413_and_no_room_for_a_document_a_400(
+        default_model_path):
+    _, route = _chunking(default_model_path, window=120,
+                         limits=AppConfig().limits.model_copy(update={"max_items_per_request": 5}))
+    doc = " ".join(f"w{k}" for k in range(300))
+    with pytest.raises(ApiError) as exc:
+        route.tokenize_now(_request(route, documents=[doc, doc]))
+    assert exc.value.status == 413 and exc.value.param == "documents"
+    assert "chunks" in exc.value.message
+    capped = route.tokenize_now(_request(route, documents=[doc, doc], max_chunks_per_doc=2))
+    assert capped.documents == [0, 0, 1, 1] and capped.capped == 2
+    _, tight = _chunking(default_model_path, window=60)
+    with pytest.raises(ApiError) as exc:
+        tight.tokenize_now(_request(tight, documents=["d"], query="many words " * 30))
+    assert exc.value.status == 400 and exc.value.param == "query"
+
+
+def test_the_best_chunk_is_the_documents_score():
+    scores, best = best_chunks([0.1, 0.7, 0.3, 0.5, 0.2], [0, 0, 0, 1, 2], 3)
+    assert scores == [0.7, 0.5, 0.2] and best == {0: 1}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.scheduler import QueueDepth, Scheduler, ScoreTask
+from gpu_worker.scheduler import JobStart, QueueDepth, Scheduler, ScoreTask
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import PackedSequence, ScoreJob
@@ -233,6 +233,28 @@ def test_task_waiting_past_the_queue_bound_is_refused_not_computed(sequences):
     assert fake.batches == [[id(fresh)]]
     assert scheduler.expired_dropped == 1 and scheduler.depth() == IDLE
     assert scheduler.refused_tokens == stale.num_tokens
+
+
+def test_the_queue_bound_is_on_a_jobs_start_not_on_its_later_sequences(sequences):
+    """Two tasks that arrived 10 s ago with a 5 s bound: the one whose job has started (its
+    first sequences ran) is scored, so a large request is never cut off midway; the one whose
+    job has not is refused."""
+    fake = FakeEngine()
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=8, max_queue_wait_s=5),
+                          batch_token_budget=10_000)
+    collector = Collector()
+    long_ago = time.monotonic() - 10
+    scheduler.submit(ScoreTask(sequences[0], LABELS, collector.callback(0), arrived=long_ago,
+                               job=JobStart(started=True)))
+    scheduler.submit(ScoreTask(sequences[1], LABELS, collector.callback(1), arrived=long_ago))
+    scheduler.start()
+    try:
+        results = collector.wait(2)
+    finally:
+        scheduler.stop()
+    assert results[0] == fake_scores(sequences[0], LABELS)
+    assert isinstance(results[1], ScorerOverloaded)
+    assert fake.batches == [[id(sequences[0])]] and scheduler.expired_dropped == 1
 
 
 def test_a_jobs_sequences_reach_a_running_loop_together_and_share_one_batch(sequences):

@@ -124,6 +124,8 @@ class RerankPrompter:
         return stripped, text[len(stripped):]
 
     def tokenize(self, req: RerankInput) -> RerankTokens:
+        """The prefix, and per document one item (document + suffix ids) or, past the window,
+        one per chunk; the query's own length is checked against Cohere's limit first."""
         query_tokens = len(self.tokenizer.encode_query(req.query))
         if query_tokens > self.max_query_tokens:
             raise ApiError(400, f"query is {query_tokens} tokens; the limit is "
@@ -150,22 +152,25 @@ class RerankPrompter:
         items, documents, truncated, capped = [], [], 0, 0
         for k, item in enumerate(joined):
             doc = alone.get(k)
-            if doc is not None and req.max_tokens_per_doc and len(doc) > req.max_tokens_per_doc:
-                doc, item = doc[:req.max_tokens_per_doc], None
-                truncated += 1
-            if doc is not None and room is not None and len(doc) > room:
-                if req.truncate:
-                    doc, item = (doc[-room:] if req.keep_end else doc[:room]), None
-                    truncated += 1
-                else:
-                    chunks = self._chunks(doc, room)
-                    if req.max_chunks_per_doc and len(chunks) > req.max_chunks_per_doc:
-                        chunks = chunks[:req.max_chunks_per_doc]
-                        capped += 1
-                    items.extend(chunk + self.suffix_ids for chunk in chunks)
-                    documents.extend([k] * len(chunks))
-                    continue
-            items.append(item if item is not None else doc + self.suffix_ids)
+            if doc is not None:
+                cut = req.max_tokens_per_doc is not None and len(doc) > req.max_tokens_per_doc
+                if cut:
+                    doc = doc[:req.max_tokens_per_doc]
+                if room is not None and len(doc) > room:
+                    if not req.truncate:
+                        chunks = self._chunks(doc, room)
+                        if req.max_chunks_per_doc and len(chunks) > req.max_chunks_per_doc:
+                            chunks = chunks[:req.max_chunks_per_doc]
+                            capped += 1
+                        items.extend(chunk + self.suffix_ids for chunk in chunks)
+                        documents.extend([k] * len(chunks))
+                        continue
+                    doc, cut = (doc[-room:] if req.keep_end else doc[:room]), True
+                # Cut, or joined with the suffix one token too long for the window: apart.
+                if cut or (room is not None and len(item) > room + len(self.suffix_ids)):
+                    item = doc + self.suffix_ids
+                truncated += cut
+            items.append(item)
             documents.append(k)
         return RerankTokens(prefix_ids, items, documents, truncated, capped)
 

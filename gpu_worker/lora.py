@@ -1,0 +1,130 @@
+"""LoRA adapters in peft's format, as this engine's packed linears read them.
+
+peft saves, per adapted projection, `lora_A` [r, in] and `lora_B` [out, r], and adds
+`scaling × B A` to the projection's weight (`scaling` = lora_alpha / r, or lora_alpha / √r with
+rsLoRA). The engine packs q/k/v into one `qkv_proj` and gate/up into one `gate_up_proj`
+(gpu_worker/model.py, PACKED_MODULES), so an adapter is packed the same way: the A matrices of
+the parts, which read the same input, stacked into one [Σr, in]; the B matrices placed block-
+diagonally into one [Σout, Σr], each part's rows against its own A rows, a part the adapter
+leaves out being a zero block. Then `B_packed A_packed` is exactly the stack of each part's
+`B A`, and the scaling is folded into B once. A `modules_to_save` head (a classifier's
+`score.weight`) replaces the base model's head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from gpu_worker.model import PACKED_MODULES
+from ranker_contract.model_config import ModelConfig, ModelFolderError
+
+# projection name in a checkpoint -> (the engine's packed linear, which part of it)
+LINEAR_OF = {part: (packed, k) for packed, parts in PACKED_MODULES.items()
+             for k, part in enumerate(parts)} | {"o_proj": ("o_proj", 0),
+                                                 "down_proj": ("down_proj", 0)}
+_KEY = re.compile(r"(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\."
+                  r"(\w+)\.lora_([AB])\.weight")
+# adapter_config.json settings this loader cannot honour: each refuses the adapter, naming it
+UNSUPPORTED = {"use_dora": False, "lora_bias": False, "rank_pattern": {}, "alpha_pattern": {},
+               "layers_to_transform": None, "layer_replication": None}
+
+
+@dataclass(frozen=True, slots=True)
+class LoraPair:
+    """One packed linear's adapter: y += (x @ a.T) @ b.T, the scaling already in `b`."""
+
+    a: torch.Tensor  # [Σ rank of the parts, in]
+    b: torch.Tensor  # [out, Σ rank of the parts]
+
+    def delta_weight(self) -> torch.Tensor:
+        """What merging adds to the packed weight: [out, in]."""
+        return self.b @ self.a
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    folder: Path
+    rank: int  # the adapter's r (each adapted part's)
+    pairs: dict[tuple[int, str], LoraPair]  # (layer, packed linear) -> its adapter
+    head: torch.Tensor | None  # a trained classification head (modules_to_save), or None
+
+
+def part_sizes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Output rows of each part of each packed linear, in packing order."""
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    return {"qkv_proj": (q, kv, kv), "o_proj": (cfg.hidden_size,),
+            "gate_up_proj": (cfg.intermediate_size, cfg.intermediate_size),
+            "down_proj": (cfg.hidden_size,)}
+
+
+def load_adapter(folder: str | Path, cfg: ModelConfig, dtype: torch.dtype,
+                 device: torch.device) -> Adapter:
+    """A peft LoRA folder (adapter_config.json + adapter_model.safetensors) for a base model of
+    `cfg`; anything it cannot apply exactly is a ModelFolderError naming it."""
+    folder = Path(folder)
+    settings = json.loads((folder / "adapter_config.json").read_text())
+    if settings.get("peft_type", "LORA") != "LORA":
+        raise ModelFolderError(f"{folder}: peft_type {settings['peft_type']!r} is not LORA")
+    for key, plain in UNSUPPORTED.items():
+        if settings.get(key) not in (plain, None):
+            raise ModelFolderError(f"{folder}: adapter_config.json sets {key}, which this "
+                                   "service does not support")
+    if settings.get("bias", "none") != "none":
+        raise ModelFolderError(f"{folder}: bias {settings['bias']!r}: only 'none' is supported")
+    rank, alpha = int(settings["r"]), float(settings["lora_alpha"])
+    scaling = alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
+    state = load_file(folder / "adapter_model.safetensors", device="cpu")
+    parts: dict[tuple[int, str], dict[int, dict[str, torch.Tensor]]] = {}
+    head = None
+    for key, tensor in state.items():
+        if key.endswith("score.weight"):  # modules_to_save of a sequence classifier
+            head = tensor
+            continue
+        match = _KEY.fullmatch(key)
+        if match is None or match[2] not in LINEAR_OF:
+            raise ModelFolderError(f"{folder}: {key} adapts a module this service does not "
+                                   "(the decoder's q, k, v, o, gate, up and down projections)")
+        layer, (packed, part) = int(match[1]), LINEAR_OF[match[2]]
+        if layer >= cfg.num_hidden_layers:
+            raise ModelFolderError(f"{folder}: {key} names layer {layer} of "
+                                   f"{cfg.num_hidden_layers}")
+        parts.setdefault((layer, packed), {}).setdefault(part, {})[match[3]] = tensor
+    sizes = part_sizes(cfg)
+    pairs = {}
+    for (layer, packed), found in parts.items():
+        pairs[(layer, packed)] = _packed_pair(folder, layer, packed, found, sizes[packed],
+                                              scaling, dtype, device)
+    if head is not None and (not cfg.is_classifier or head.shape[0] != cfg.num_labels):
+        raise ModelFolderError(f"{folder}: its score.weight {list(head.shape)} does not fit "
+                               "the base model's head")
+    return Adapter(folder, rank, pairs, None if head is None else head.to(device, dtype))
+
+
+def _packed_pair(folder: Path, layer: int, packed: str, found: dict[int, dict[str, torch.Tensor]],
+                 sizes: tuple[int, ...], scaling: float, dtype: torch.dtype,
+                 device: torch.device) -> LoraPair:
+    a_rows, blocks = [], []
+    rank_at, out_at = 0, [sum(sizes[:k]) for k in range(len(sizes))]
+    for part in sorted(found):
+        tensors = found[part]
+        if set(tensors) != {"A", "B"}:
+            raise ModelFolderError(f"{folder}: layer {layer} {packed} part {part} lacks "
+                                   f"lora_{'B' if 'A' in tensors else 'A'}")
+        a, b_part = tensors["A"].float(), tensors["B"].float()
+        if b_part.shape != (sizes[part], a.shape[0]):
+            raise ModelFolderError(f"{folder}: layer {layer} {packed} part {part}: lora_B is "
+                                   f"{list(b_part.shape)}, not [{sizes[part]}, {a.shape[0]}]")
+        a_rows.append(a)
+        blocks.append((out_at[part], rank_at, b_part * scaling))
+        rank_at += a.shape[0]
+    b = torch.zeros(sum(sizes), rank_at)
+    for out, at, block in blocks:
+        b[out:out + block.shape[0], at:at + block.shape[1]] = block
+    return LoraPair(torch.cat(a_rows).to(device, dtype), b.to(device, dtype))

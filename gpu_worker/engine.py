@@ -21,6 +21,7 @@ from gpu_worker.fp8 import check_fp8_device, quantize_model
 from gpu_worker.graphs import CudaGraphs
 from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.loader import load_model
+from gpu_worker.lora import Adapter, LoraBatch, lora_linears
 from gpu_worker.model import AttentionBackend, CausalLMForScoring
 from gpu_worker.ops import CudaOps, TorchOps
 from gpu_worker.prefix_cache import CachePlan, InsertingAttention, PrefixCache
@@ -54,6 +55,7 @@ class BatchPlan:
     items_and_labels: list[tuple[int, int]]
     graph: object | None = None  # a captured graph of gpu_worker/graphs.py, or eager
     cache: CachePlan | None = None
+    adapters: list[int] | None = None  # per sequence, its adapter slot (0: the base); None: all 0
 
     @property
     def order(self) -> list[int] | None:
@@ -89,6 +91,23 @@ class Engine:
                                             else TorchAttention(device, pool))
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graphs.token_buckets),
                                   self.dtype, device) if cfg.cuda_graphs.enabled else None)
+        self.adapters: list[Adapter] = []  # slot k + 1 is adapters[k]
+        self.lora: LoraBatch | None = None  # with the first adapter
+
+    def add_adapter(self, adapter: Adapter) -> int:
+        """Load a LoRA adapter (gpu_worker/lora.py); returns its slot, the number a batch names
+        it by (0 is the base model). The first one puts a LoraLinear in place of each linear."""
+        if adapter.head is not None:
+            raise ValueError(f"{adapter.folder}: an adapter with its own classification head "
+                             "(modules_to_save) is not supported yet")
+        if self.lora is None:
+            self.lora = LoraBatch()
+            self._lora_linears = lora_linears(self.model, self.lora)
+        slot = len(self.adapters) + 1
+        for key, pair in adapter.pairs.items():
+            self._lora_linears[key].pairs[slot] = pair
+        self.adapters.append(adapter)
+        return slot
 
     @classmethod
     def from_config(cls, model_path: str | Path, cfg: EngineConfig,
@@ -109,13 +128,19 @@ class Engine:
         return cls(model, device, cfg)
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, overlapped: bool = False, use_cache: bool = True) -> Step:
+               *, overlapped: bool = False, use_cache: bool = True,
+               adapters: list[int] | None = None) -> Step:
         """Queue the batch's forward; each sequence is scored on its own label ids.
         `overlapped`: another batch is still running on the device, so the eager launches
         hide behind it; a CUDA graph pays only when they would not (its fixed tiles and padding
         cost more GPU time than the eager kernels; docs/ARCHITECTURE.md, "CUDA graphs").
-        `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache."""
-        plan = self.plan(sequences, label_ids_per_sequence, overlapped, use_cache)
+        `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache.
+        `adapters`: per sequence, the slot of its LoRA adapter (add_adapter; 0 the base); a batch
+        with any runs eagerly and without the prefix cache, whose K/V are the base model's."""
+        with_lora = adapters is not None and any(adapters)
+        plan = self.plan(sequences, label_ids_per_sequence, overlapped or with_lora,
+                         use_cache and not with_lora)
+        plan.adapters = adapters if with_lora else None
         return self._replay(plan) if plan.graph is not None else self._run_eager(plan)
 
     def plan(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
@@ -156,6 +181,8 @@ class Engine:
         ids, pos, rows, label_rows_dev, label_ids_dev, insert_rows, insert_slots = dev.split(sizes)
         plan_tensors = self.attention.plan(plan.sequences, self.dtype,
                                            cache.cached_slots if cache else None)
+        if self.lora is not None:
+            plan_tensors = (*plan_tensors, *self._set_lora_batch(plan))
         attend = (InsertingAttention(self.attention, self.prefix_cache.kv, insert_rows,
                                      insert_slots) if cache and cache.insert_rows
                   else self.attention)
@@ -170,6 +197,25 @@ class Engine:
         if not on_cuda:
             return Step((host, *plan_tensors), out, None, plan.items_and_labels, plan.order)
         return self._read_back(out, (host, dev, *plan_tensors), plan.items_and_labels, plan.order)
+
+    def _set_lora_batch(self, plan: BatchPlan) -> tuple[torch.Tensor, ...]:
+        """Point the LoraLinears at this batch's adapters: per slot, its tokens and score rows."""
+        self.lora.tokens, self.lora.rows = [], []
+        if plan.adapters is None:
+            return ()
+        tokens: dict[int, list[int]] = {}
+        rows: dict[int, list[int]] = {}
+        token_at = row_at = 0
+        for seq, slot in zip(plan.sequences, plan.adapters, strict=True):
+            if slot:
+                tokens.setdefault(slot, []).extend(range(token_at, token_at + seq.num_tokens))
+                rows.setdefault(slot, []).extend(range(row_at, row_at + len(seq.score_rows)))
+            token_at += seq.num_tokens
+            row_at += len(seq.score_rows)
+        for slot in tokens:
+            self.lora.tokens.append((slot, torch.tensor(tokens[slot], device=self.device)))
+            self.lora.rows.append((slot, torch.tensor(rows[slot], device=self.device)))
+        return tuple(index for _, index in self.lora.tokens + self.lora.rows)
 
     @staticmethod
     def _read_back(out: torch.Tensor, keep: tuple[torch.Tensor, ...],

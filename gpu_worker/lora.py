@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from gpu_worker.model import PACKED_MODULES
+from gpu_worker.model import PACKED_MODULES, CausalLMForScoring, Linear
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 
 # projection name in a checkpoint -> (the engine's packed linear, which part of it)
@@ -128,3 +128,60 @@ def _packed_pair(folder: Path, layer: int, packed: str, found: dict[int, dict[st
     for out, at, block in blocks:
         b[out:out + block.shape[0], at:at + block.shape[1]] = block
     return LoraPair(torch.cat(a_rows).to(device, dtype), b.to(device, dtype))
+
+
+class LoraBatch:
+    """Which rows of the running batch read which adapter, shared by every LoraLinear of one
+    engine and set by the engine before each forward: per adapter slot, the indices of its
+    tokens, and of its score rows (what the last layer's o_proj and MLP read). Empty for a batch
+    of base sequences only, which then pays nothing but an empty loop."""
+
+    def __init__(self) -> None:
+        self.tokens: list[tuple[int, torch.Tensor]] = []
+        self.rows: list[tuple[int, torch.Tensor]] = []
+
+
+class LoraLinear(Linear):
+    """A bf16 decoder linear plus the adapters loaded into its engine: y = x W^T (+ b), then for
+    each adapter in the batch, its rows get (x A^T) B^T added (gathered, computed, added back).
+    `reads_rows`: this linear sees the batch's score rows, not its tokens (the last layer's
+    o_proj, gate/up and down: gpu_worker/model.py)."""
+
+    def __init__(self, linear: Linear, batch: LoraBatch, reads_rows: bool) -> None:
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                         device="meta")
+        self.weight, self.bias = linear.weight, linear.bias
+        self.batch, self.reads_rows = batch, reads_rows
+        self.pairs: dict[int, LoraPair] = {}  # adapter slot -> its pair here (absent: none)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        for slot, index in (self.batch.rows if self.reads_rows else self.batch.tokens):
+            pair = self.pairs.get(slot)
+            if pair is not None:
+                y.index_add_(0, index, (x.index_select(0, index) @ pair.a.t()) @ pair.b.t())
+        return y
+
+    def swiglu(self, x, down: Linear, ops):
+        """Unfused: the adapter's delta comes between the GEMM and SiLU."""
+        return down.rows(ops.silu_and_mul(self(x)))
+
+
+def lora_linears(model: CausalLMForScoring, batch: LoraBatch) -> dict[tuple[int, str], LoraLinear]:
+    """Put a LoraLinear in place of each decoder linear of `model` (bf16 or fp32 only), sharing
+    `batch`; returns them by (layer, packed linear name)."""
+    layers = model.model.layers
+    out = {}
+    for i, layer in enumerate(layers):
+        for parent, names in ((layer.self_attn, ("qkv_proj", "o_proj")),
+                              (layer.mlp, ("gate_up_proj", "down_proj"))):
+            for name in names:
+                linear = getattr(parent, name)
+                if type(linear) is not Linear:
+                    raise ValueError("LoRA adapters need a bf16 base (engine.precision bf16): "
+                                     f"layer {i} {name} is {type(linear).__name__}")
+                lora = LoraLinear(linear, batch, reads_rows=i == len(layers) - 1
+                                  and name != "qkv_proj")
+                setattr(parent, name, lora)
+                out[(i, name)] = lora
+    return out

@@ -1,9 +1,11 @@
 """peft LoRA adapters read into the engine's packed linears (gpu_worker/lora.py): what they add
 to each packed weight equals what peft's own merge_and_unload() adds, for adapters written by
-peft itself on tiny seeded checkpoints."""
+peft itself on tiny seeded checkpoints; and the engine scores a sequence of an adapter as the
+merged model does, with sequences of other adapters and of the base in the same batch."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -11,9 +13,12 @@ import torch
 from peft import LoraConfig, TaskType, get_peft_model
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from gpu_worker.engine import Engine
 from gpu_worker.lora import load_adapter
 from gpu_worker.model import PACKED_MODULES
+from ranker_contract.config import EngineConfig
 from ranker_contract.model_config import ModelConfig, ModelFolderError
+from ranker_contract.packing import pack_multi_item, pack_plain
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TOL = 1e-6
@@ -98,3 +103,50 @@ def test_an_adapter_of_another_base_shape_is_refused(tiny_checkpoint, tmp_path):
     with pytest.raises(ModelFolderError, match="layer"):
         load_adapter(tmp_path, replace(cfg, num_hidden_layers=1), torch.float32,
                      torch.device("cpu"))
+
+
+def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_batch(
+        tiny_checkpoint, tmp_path):
+    """Sequences of two adapters and of the base in one batch: each scores as the engine built
+    on peft's merge_and_unload() of its adapter (or on the base) scores it alone, in fp32."""
+    base_folder = tiny_checkpoint("qwen3")
+    cfg = ModelConfig.from_folder(base_folder)
+    folders, merged_engines = [], []
+    for k, settings in enumerate([dict(r=4, lora_alpha=8, target_modules=ALL),
+                                  dict(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj",
+                                                                          "down_proj"])]):
+        torch.manual_seed(11 + k)
+        peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_folder),
+                                    LoraConfig(init_lora_weights=False, **settings))
+        peft_model.save_pretrained(tmp_path / f"adapter{k}")
+        merged = tmp_path / f"merged{k}"
+        peft_model.merge_and_unload().save_pretrained(merged)
+        folders.append(tmp_path / f"adapter{k}")
+        merged_engines.append(Engine.from_config(merged, EngineConfig()))
+    engine = Engine.from_config(base_folder, EngineConfig())
+    slots = [engine.add_adapter(load_adapter(f, cfg, torch.float32, torch.device("cpu")))
+             for f in folders]
+    assert slots == [1, 2]
+    rng = random.Random(3)
+
+    def ids(n):
+        return [rng.randrange(1, cfg.vocab_size) for _ in range(n)]
+
+    sequences = [pack_multi_item(ids(9), [ids(5), ids(3), ids(7)], 0),
+                 pack_plain(ids(12), 0), pack_multi_item(ids(6), [ids(4), ids(8)], 0),
+                 pack_plain(ids(10), 0)]
+    adapters = [1, 0, 2, 1]
+    labels = [[3, 17]] * len(sequences)
+    mixed = engine.finish(engine.launch(sequences, labels, adapters=adapters))
+    alone = Engine.from_config(base_folder, EngineConfig())
+    worst = 0.0
+    for seq, slot, got in zip(sequences, adapters, mixed, strict=True):
+        reference = merged_engines[slot - 1] if slot else alone
+        want = reference.finish(reference.launch([seq], [[3, 17]]))[0]
+        worst = max(worst, *(abs(g - w) for grow, wrow in zip(got, want, strict=True)
+                             for g, w in zip(grow, wrow, strict=True)))
+    assert worst <= 1e-5, worst
+    base_again = engine.finish(engine.launch(sequences, labels))
+    plain = alone.finish(alone.launch(sequences, labels))
+    assert base_again == plain  # without adapters the engine is the base model, bit for bit
+    assert any(abs(a[0][0] - b[0][0]) > 1e-3 for a, b in zip(mixed, plain))  # adapters matter

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from gpu_worker.engine import Engine
 from gpu_worker.heads import rerank_label_ids
+from gpu_worker.lora import load_adapter
 from gpu_worker.scheduler import Scheduler
 from gpu_worker.startup import BatchBudget, measure_budget, warm_up
 from ranker_contract.config import AppConfig, SchedulerConfig
@@ -26,6 +27,9 @@ def start_scorer(config: AppConfig, scheduler: SchedulerConfig | None = None) ->
                                          config.rerank.resolved_prompt())
                         if config.rerank.classifier_from_labels else None)
     engine = Engine.from_config(config.resolved_model_path(), config.engine, head_from_labels)
+    for folder in config.resolved_adapter_paths():  # slots 1, 2, ... in the config's order
+        engine.add_adapter(load_adapter(folder, engine.model.config, engine.dtype,
+                                        engine.device))
     budget = measure_budget(engine, config.scheduler.max_batch_tokens,
                             config.limits.max_seq_tokens)
     # Before ready: a new request shape must not wait on a compile (a new replica neither).

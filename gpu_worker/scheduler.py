@@ -36,8 +36,9 @@ class BatchEngine(Protocol):
     """The device side the loop drives (gpu_worker/engine.py::Engine; tests use a fake)."""
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, overlapped: bool = False) -> Any:
-        """Queue one batch without waiting for it; returns its step."""
+               *, overlapped: bool = False, adapters: list[int] | None = None) -> Any:
+        """Queue one batch without waiting for it; returns its step. `adapters`: per sequence,
+        its LoRA adapter's slot, given only when some sequence has one."""
 
     def finish(self, step: Any) -> list[list[list[float]]]:
         """Wait for a launched step: per sequence, one row of label log-probs per item."""
@@ -63,6 +64,7 @@ class ScoreTask:
     arrived: float = field(default_factory=time.monotonic)  # for the queue-wait bound
     launched: float = 0.0  # time.monotonic() when its batch was launched (set by the scheduler)
     job: JobStart = field(default_factory=JobStart)  # the job's other tasks hold the same one
+    adapter: int = 0  # the LoRA adapter's slot (ScoreJob.adapter)
 
     @property
     def num_tokens(self) -> int:
@@ -180,7 +182,7 @@ class Scheduler:
             # NOTE: if the request is cancelled (client gone, timeout), gather cancels these
             # futures; the loop thread reads fut.cancelled() and drops the task unscored.
             tasks.append(ScoreTask(seq, job.label_ids, _resolver(loop, fut), fut.cancelled,
-                                   arrived, job=start))
+                                   arrived, job=start, adapter=job.adapter))
             futures.append(fut)
         self.submit(*tasks)
         try:
@@ -279,8 +281,10 @@ class Scheduler:
         for task in batch:
             task.launched = launched
         try:
+            adapters = [t.adapter for t in batch]
             step = self.engine.launch([t.sequence for t in batch], [t.label_ids for t in batch],
-                                      overlapped=overlapped)
+                                      overlapped=overlapped,
+                                      **({"adapters": adapters} if any(adapters) else {}))
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop
             logger.exception("launching a batch of %d sequences failed", len(batch))
             self._record(batch, started, exc)

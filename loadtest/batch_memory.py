@@ -6,8 +6,8 @@ Writes `--rows` token-id rows (a 32-token query, 4 items of 32 tokens) as Parque
 ranker_batch's pipeline (read → Prepare → Score → write Parquet) on a local Ray whose object
 store is capped at `--object-store-mb`, with the real scheduling loop over an engine that
 scores nothing (every label log-prob 0), so the pipeline runs at the speed of its CPU stages.
-Samples the machine's used memory (total − available, so the object store's shared memory
-counts) every 0.5 s; prints the peak above the level before Ray started, with the input's size.
+Samples the memory the job holds (used_bytes) every second; prints its peak, with the input's
+size.
 Memory that stays flat as --rows grows tenfold is what streaming means here.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import threading
 import time
@@ -63,8 +64,17 @@ class NullScore(Score):
 
 
 def used_bytes() -> int:
-    memory = psutil.virtual_memory()
-    return memory.total - memory.available
+    """What this job holds: the private memory (USS) of this process and every process under
+    it (Ray's GCS, raylet and workers), plus shared memory (/dev/shm, where Ray's object store
+    lives). Page cache, reclaimable, is not counted."""
+    total = shutil.disk_usage("/dev/shm").used
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().uss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
 
 
 def main() -> int:
@@ -79,11 +89,11 @@ def main() -> int:
         pq.write_table(ids_table(rng, min(per_file, args.rows - start), WORKLOAD, start),
                        work / "input" / f"part-{part:04d}.parquet")
     input_bytes = sum(f.stat().st_size for f in (work / "input").iterdir())
-    baseline, peak, done = used_bytes(), [0], threading.Event()
+    peak, done = [0], threading.Event()
 
     def sample():
-        while not done.wait(0.5):
-            peak[0] = max(peak[0], used_bytes() - baseline)
+        while not done.wait(1.0):
+            peak[0] = max(peak[0], used_bytes())
 
     threading.Thread(target=sample, daemon=True).start()
     started = time.perf_counter()

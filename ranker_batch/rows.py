@@ -1,9 +1,10 @@
 """A dataset row as the API request it stands for, and the API's answer as output columns.
 
 A `score` row holds the fields of a /v1/score body (`query`, `items`, and optionally
-`label_token_ids`, `apply_softmax`, `item_first`); a `rerank` row those of a /v1/rerank body
-(`query`, `documents`, optionally `instruction`, `max_tokens_per_doc`, `max_chunks_per_doc`,
-`truncate`, `truncation_direction`: a long document scores as its best chunk, as on the API).
+`label_token_ids`, `apply_softmax`, `item_first`, `model`); a `rerank` row those of a /v1/rerank
+body (`query`, `documents`, optionally `instruction`, `max_tokens_per_doc`,
+`max_chunks_per_doc`, `truncate`, `truncation_direction`, `model`: a long document scores as
+its best chunk, as on the API; `model` may name a LoRA adapter).
 Missing or null optional fields take the API's defaults. Every row passes through the service's
 own validation (serve_app/requests.py), so a bad row gets the API's 4xx message in its `error`
 column instead of scores.
@@ -17,9 +18,9 @@ import pyarrow as pa
 
 KINDS = ("score", "rerank")
 REQUEST_FIELDS = {
-    "score": ("query", "items", "label_token_ids", "apply_softmax", "item_first"),
+    "score": ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model"),
     "rerank": ("query", "documents", "instruction", "max_tokens_per_doc", "max_chunks_per_doc",
-               "truncate", "truncation_direction"),
+               "truncate", "truncation_direction", "model"),
 }
 OUTPUT_SCHEMA = {
     # per item, one probability per label (the API's `scores`)

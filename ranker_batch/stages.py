@@ -40,8 +40,9 @@ class Prepare:
         for row in batch.to_pylist():
             try:
                 req = route.parse(request_body(self.kind, row))
+                adapter = self.path.adapter_of(req.model)
                 tokens = route.tokenize_now(req)
-                packed = self.path.pack(route, tokens)
+                packed = self.path.pack(route, tokens, adapter)
             except ApiError as exc:
                 prepared.append(None)
                 errors.append(f"{exc.status} {exc.message}")

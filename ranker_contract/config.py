@@ -311,10 +311,22 @@ class AuthConfig(_Settings):
         return path if path.is_absolute() else REPO_ROOT / path
 
 
+class AdapterConfig(_Settings):
+    """One LoRA adapter of the served model, chosen by a request's `model` (docs/API.md,
+    "Several rankers")."""
+
+    name: str = Field(min_length=1, description="what a request's `model` names it by")
+    path: str = Field(description="a peft folder (adapter_config.json + "
+                      "adapter_model.safetensors); relative paths start at the repository")
+
+
 class AppConfig(_Settings):
     model_path: str = Field("models/smollm2-135m-instruct",
                             description="HF folder; relative paths start at the repository")
     served_model_name: str = "smollm2-135m-instruct"
+    adapters: list[AdapterConfig] = Field(
+        [], description="LoRA adapters of the model, loaded at start; a request's `model` "
+        "picks one (none: the model itself)")
     limits: Limits = Limits()
     engine: EngineConfig = EngineConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -330,7 +342,23 @@ class AppConfig(_Settings):
         if budget == 0 and self.engine.device != "cuda":
             raise ValueError("scheduler.max_batch_tokens = 0 (from free memory) needs "
                              "engine.device 'cuda'")
+        names = self.model_names
+        if len(set(names)) < len(names):
+            raise ValueError(f"adapters: every name must differ from the others and from "
+                             f"served_model_name: {names}")
+        if self.adapters and self.engine.precision != "bf16":
+            raise ValueError("adapters need engine.precision bf16 (an FP8 base is not "
+                             "supported yet)")
         return self
+
+    @property
+    def model_names(self) -> list[str]:
+        """What a request's `model` may name: the model, then each adapter (its slot: the
+        index here)."""
+        return [self.served_model_name, *(a.name for a in self.adapters)]
+
+    def resolved_adapter_paths(self) -> list[Path]:
+        return [p if (p := Path(a.path)).is_absolute() else REPO_ROOT / p for a in self.adapters]
 
     def resolved_model_path(self) -> Path:
         path = Path(self.model_path)

@@ -60,7 +60,7 @@ _RERANK_OPENAPI = {
                                          "example": RERANK_EXAMPLE}},
     }
 }
-_ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 413, 503)}
+_ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 404, 413, 503)}
 
 HEALTH_TIMEOUT_S = 5.0
 # A job whose replica died is sent again, after a pause that doubles each time: until Ray has
@@ -260,10 +260,11 @@ class ScoreIngress:
         """parse → tokenize → pack → await a scorer → merge → respond, each step timed; the
         routes differ only in their own steps (serve_app/routes.py)."""
         req = route.parse(await request.body())
+        adapter = self.path.adapter_of(req.model)
         parsed = time.perf_counter()
         tokens = await route.tokenize(req)
         tokenized = time.perf_counter()
-        packed_job = self.path.pack(route, tokens)
+        packed_job = self.path.pack(route, tokens, adapter)
         packed = time.perf_counter()
         job = await self._call_worker(packed_job.job(tokens))
         scored = time.perf_counter()
@@ -276,7 +277,8 @@ class ScoreIngress:
     @app.get("/v1/models")
     async def models(self) -> dict:
         return {"object": "list",
-                "data": [{"id": self.model_name, "object": "model", "owned_by": "ranker"}]}
+                "data": [{"id": name, "object": "model", "owned_by": "ranker"}
+                         for name in self.path.model_names]}
 
     @app.get("/health")
     async def health(self) -> dict:

@@ -28,7 +28,8 @@ CANCELLED_STATUS = 408
 CANCELLED_TYPE = "Cancelled"
 # Every error a route answers: the ApiError statuses the ingress raises, and the cancellation.
 ERRORS = tuple((str(status), ApiError(status, "").kind)
-               for status in (400, 401, 413, 500, 503)) + ((str(CANCELLED_STATUS), CANCELLED_TYPE),)
+               for status in (400, 401, 404, 413, 500, 503)) + (
+    (str(CANCELLED_STATUS), CANCELLED_TYPE),)
 
 
 class IngressMetrics:

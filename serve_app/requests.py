@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ranker_contract.config import AppConfig
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence, ScoreJob, merge_results, prefix_key
+from serve_app.protocol import ApiError
 from serve_app.rerank import RerankPrompter
 from serve_app.routes import RerankRoute, Route, ScoreRoute, Tokenized
 from serve_app.scoring import pack
@@ -23,9 +24,10 @@ class Packed:
 
     sequences: list[PackedSequence]
     key: bytes | None
+    adapter: int = 0  # the LoRA adapter's slot; 0: the model itself
 
     def job(self, tokens: Tokenized) -> ScoreJob:
-        return ScoreJob(self.sequences, tokens.label_ids, self.key)
+        return ScoreJob(self.sequences, tokens.label_ids, self.key, self.adapter)
 
     @property
     def tokens(self) -> int:
@@ -40,6 +42,7 @@ class RequestPath:
         model = ModelConfig.from_folder(model_path)
         tokenizer = TextTokenizer(model_path)
         name = config.served_model_name
+        self.model_names = config.model_names  # a request's `model`: index = adapter slot
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
         # Routing keys only for queries the scorers would cache (None: no cache, no key).
@@ -60,12 +63,24 @@ class RequestPath:
                                             name, version, model.num_labels)
                        for version in ("1", "2")}
 
-    def pack(self, route: Route, tokens: Tokenized) -> Packed:
-        """The request's sequences ([] for no items); limits are 4xx naming the item."""
+    def adapter_of(self, model: str | None) -> int:
+        """The adapter slot a request's `model` names (0: the model itself, also when `model`
+        is absent). With adapters configured an unknown name is a 404 naming it; with none,
+        any name is the one model, as clients hard-code their provider's model names."""
+        if model is None or len(self.model_names) == 1:
+            return 0
+        if model not in self.model_names:
+            raise ApiError(404, f"model {model!r} is not served here; GET /v1/models lists "
+                           "the names", "model")
+        return self.model_names.index(model)
+
+    def pack(self, route: Route, tokens: Tokenized, adapter: int = 0) -> Packed:
+        """The request's sequences ([] for no items); limits are 4xx naming the item. A
+        scorer's prefix cache holds the model's own K/V, so only its jobs get a cache key."""
         sequences = pack(tokens.prefix, tokens.items, self.limits, self.max_context,
                          item_first=tokens.item_first, field=route.field)
-        key = prefix_key(sequences, *self.cacheable) if self.cacheable else None
-        return Packed(sequences, key)
+        key = prefix_key(sequences, *self.cacheable) if self.cacheable and not adapter else None
+        return Packed(sequences, key, adapter)
 
     def respond(self, route: Route, req, tokens: Tokenized, packed: Packed,
                 results: list[list[list[float]]]) -> dict:

@@ -308,3 +308,28 @@ def test_scaling_variants_run_the_shipped_ingress_per_scorer(mode, scorers, tmp_
     path = tmp_path / f"score-gpu-{mode}.yaml"
     path.write_text(yaml.safe_dump(variant(mode), sort_keys=False))
     check_config(path)
+
+
+@pytest.mark.parametrize("update, named", [
+    ({"adapters": [{"name": "a", "path": "x"}, {"name": "a", "path": "y"}]}, "every name"),
+    ({"adapters": [{"name": "smollm2-135m-instruct", "path": "x"}]}, "every name"),
+    ({"adapters": [{"name": "a", "path": "x"}], "engine": {"device": "cuda", "precision": "fp8"}},
+     "precision bf16"),
+    ({"adapters": [{"name": "", "path": "x"}]}, "name"),
+])
+def test_adapters_that_cannot_be_served_are_refused_at_start(update, named):
+    with pytest.raises(ValidationError, match=named):
+        AppConfig.model_validate(update)
+
+
+def test_a_requests_model_picks_its_adapter_slot_and_an_unknown_one_is_a_404():
+    from serve_app.protocol import ApiError
+    from serve_app.requests import RequestPath
+
+    path = RequestPath(AppConfig.model_validate(
+        {"adapters": [{"name": "a", "path": "x"}, {"name": "b", "path": "y"}]}))
+    assert [path.adapter_of(m) for m in (None, "smollm2-135m-instruct", "a", "b")] == [0, 0, 1, 2]
+    with pytest.raises(ApiError) as exc:
+        path.adapter_of("c")
+    assert exc.value.status == 404 and exc.value.param == "model"
+    assert RequestPath(AppConfig()).adapter_of("anything") == 0  # one model: names not checked

@@ -1,0 +1,149 @@
+"""Several rankers behind one service: LoRA adapters of the served model, picked by a request's
+`model` (configs/score.yaml on the small random model, with two adapters peft wrote). Each
+adapter scores as HF transformers scores peft's merge_and_unload() of it; requests of the base
+and both adapters sent together (so batches mix them) score as each sent alone; an unknown name
+is a 404 naming `model`."""
+
+from __future__ import annotations
+
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ranker_contract.config import YES_NO_PROMPT
+from tools.service import small_model_config, start_service, stop_service
+
+pytestmark = pytest.mark.service
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAPTERS = {"ranker-a": dict(r=8, lora_alpha=16, target_modules=ALL),
+            "ranker-b": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                             use_rslora=True)}
+LABELS = [10539, 5230]  # " Yes", " No" in the small model's (SmolLM2's) vocabulary
+QUERY = "Is the sky blue on a clear day?"
+ITEMS = ["Yes, the sky is blue.", "No.", "Grass is green and the sea is wide."]
+TOL = 1e-4  # fp32 engine against HF fp32, as the engine parity tests
+
+
+@pytest.fixture(scope="module")
+def rankers(small_model, tmp_path_factory):
+    """name -> (adapter folder, merged model folder)."""
+    made = {}
+    for k, (name, settings) in enumerate(ADAPTERS.items()):
+        torch.manual_seed(100 + k)
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(small_model),
+                               LoraConfig(init_lora_weights=False, **settings))
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder / "adapter")
+        model.merge_and_unload().save_pretrained(folder / "merged")
+        made[name] = (folder / "adapter", folder / "merged")
+    return made
+
+
+@pytest.fixture(scope="module")
+def service(small_model, rankers):
+    config = small_model_config(small_model)
+    config["applications"][0]["args"]["adapters"] = [
+        {"name": name, "path": str(adapter)} for name, (adapter, _) in rankers.items()]
+    running = start_service(config)
+    try:
+        yield running
+    finally:
+        stop_service(running)
+
+
+@pytest.fixture(scope="module")
+def http(service):
+    with httpx.Client(base_url=service.url, timeout=120) as c:
+        yield c
+
+
+def score(http, model=None, query=QUERY, items=ITEMS):
+    body = {"query": query, "items": items, "label_token_ids": LABELS}
+    r = http.post("/v1/score", json=body | ({"model": model} if model else {}))
+    assert r.status_code == 200, r.text
+    return r.json()["scores"]
+
+
+def hf_logprobs(folder, tokenizer_folder, text_pairs):
+    """Label log-probs of HF transformers (fp32) after each (query, item) text, tokenized as
+    the service tokenizes /v1/score text: the query with special tokens, the item without."""
+    tok = AutoTokenizer.from_pretrained(tokenizer_folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    out = []
+    for query, item in text_pairs:
+        ids = (tok(query, add_special_tokens=True)["input_ids"]
+               + tok(item, add_special_tokens=False)["input_ids"])
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+        out.append(torch.log_softmax(logits, -1)[LABELS].tolist())
+    return out
+
+
+def test_models_lists_the_model_and_its_adapters(http):
+    names = [m["id"] for m in http.get("/v1/models").json()["data"]]
+    assert names == ["small-random", "ranker-a", "ranker-b"]
+
+
+@pytest.mark.parametrize("name", list(ADAPTERS))
+def test_an_adapter_scores_as_hf_on_peft_merged_weights(http, rankers, small_model, name):
+    got = score(http, name)
+    want = hf_logprobs(rankers[name][1], small_model, [(QUERY, item) for item in ITEMS])
+    for row, ref in zip(got, want, strict=True):
+        assert [math.log(p) for p in row] == pytest.approx(ref, abs=TOL)
+    base = score(http)
+    assert max(abs(math.log(a[0]) - math.log(b[0])) for a, b in zip(got, base)) > 1e-2
+
+
+def test_the_model_by_its_name_or_no_name_is_the_base(http, small_model):
+    want = hf_logprobs(small_model, small_model, [(QUERY, item) for item in ITEMS])
+    for got in (score(http), score(http, "small-random")):
+        for row, ref in zip(got, want, strict=True):
+            assert [math.log(p) for p in row] == pytest.approx(ref, abs=TOL)
+
+
+def test_rerank_with_an_adapter_reads_its_template_through_the_adapter(http, rankers,
+                                                                       small_model):
+    docs = ["The sky is blue because air scatters blue light.", "Bananas are yellow."]
+    r = http.post("/v2/rerank", json={"model": "ranker-b", "query": QUERY, "documents": docs})
+    assert r.status_code == 200, r.text
+    got = {res["index"]: res["relevance_score"] for res in r.json()["results"]}
+    prefix = YES_NO_PROMPT.prefix.format(query=QUERY,
+                                         instruction=YES_NO_PROMPT.default_instruction)
+    tok = AutoTokenizer.from_pretrained(small_model)
+    yes, no = (tok.convert_tokens_to_ids(t) for t in ("yes", "no"))
+    model = AutoModelForCausalLM.from_pretrained(rankers["ranker-b"][1]).eval()
+    for k, doc in enumerate(docs):
+        ids = tok(prefix + doc + YES_NO_PROMPT.suffix)["input_ids"]
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+        want = torch.sigmoid(logits[yes] - logits[no]).item()
+        assert got[k] == pytest.approx(want, abs=TOL)
+
+
+def test_requests_of_several_adapters_at_once_score_as_each_alone(http):
+    names = [None, "ranker-a", "ranker-b"]
+    items = [[f"{word} number {k}" for k in range(4)] for word in ("red", "blue", "green")]
+    alone = {(n, i): score(http, n, items=it) for n in names for i, it in enumerate(items)}
+    with ThreadPoolExecutor(9) as pool:
+        together = [(key, pool.submit(score, http, key[0], QUERY, items[key[1]]))
+                    for _ in range(3) for key in alone]
+    for key, future in together:
+        got = [math.log(p) for row in future.result() for p in row]
+        want = [math.log(p) for row in alone[key] for p in row]
+        assert got == pytest.approx(want, abs=1e-5), key
+
+
+def test_an_unknown_model_is_a_404_naming_it(http):
+    for route, body in (("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": LABELS}),
+                        ("/v1/rerank", {"query": "q", "documents": ["a"]})):
+        r = http.post(route, content=json.dumps(body | {"model": "ranker-z"}))
+        assert r.status_code == 404, r.text
+        error = r.json()["error"]
+        assert error["param"] == "model" and "ranker-z" in error["message"]

@@ -284,7 +284,7 @@ class Scheduler:
             adapters = [t.adapter for t in batch]
             step = self.engine.launch([t.sequence for t in batch], [t.label_ids for t in batch],
                                       overlapped=overlapped,
-                                      **({"adapters": adapters} if any(adapters) else {}))
+                                      adapters=adapters if any(adapters) else None)
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop
             logger.exception("launching a batch of %d sequences failed", len(batch))
             self._record(batch, started, exc)

@@ -47,7 +47,7 @@ class FakeEngine:
         self._released.set()
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, overlapped: bool = False) -> FakeStep:
+               *, overlapped: bool = False, adapters: list[int] | None = None) -> FakeStep:
         number = len(self.batches)
         self.batches.append([id(seq) for seq in sequences])
         self.overlapped.append(overlapped)

@@ -93,6 +93,7 @@ class Engine:
                                   self.dtype, device) if cfg.cuda_graphs.enabled else None)
         self.adapters: list[Adapter] = []  # slot k + 1 is adapters[k]
         self.lora: LoraBatch | None = None  # with the first adapter
+        self._lora_linears: dict = {}  # (layer, packed linear name) -> its LoraLinear
 
     def add_adapter(self, adapter: Adapter) -> int:
         """Load a LoRA adapter (gpu_worker/lora.py); returns its slot, the number a batch names
@@ -138,6 +139,9 @@ class Engine:
         `adapters`: per sequence, the slot of its LoRA adapter (add_adapter; 0 the base); a batch
         with any runs eagerly and without the prefix cache, whose K/V are the base model's."""
         with_lora = adapters is not None and any(adapters)
+        if with_lora and not 0 <= min(adapters) <= max(adapters) <= len(self.adapters):
+            raise ValueError(f"adapter slots {sorted(set(adapters))}: this engine has "
+                             f"{len(self.adapters)} adapters")
         plan = self.plan(sequences, label_ids_per_sequence, overlapped or with_lora,
                          use_cache and not with_lora)
         plan.adapters = adapters if with_lora else None

@@ -38,7 +38,7 @@ class BatchEngine(Protocol):
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
                *, overlapped: bool = False, adapters: list[int] | None = None) -> Any:
         """Queue one batch without waiting for it; returns its step. `adapters`: per sequence,
-        its LoRA adapter's slot, given only when some sequence has one."""
+        its LoRA adapter's slot (0: the model itself); None when no sequence has one."""
 
     def finish(self, step: Any) -> list[list[list[float]]]:
         """Wait for a launched step: per sequence, one row of label log-probs per item."""

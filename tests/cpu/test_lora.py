@@ -150,3 +150,5 @@ def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_b
     plain = alone.finish(alone.launch(sequences, labels))
     assert base_again == plain  # without adapters the engine is the base model, bit for bit
     assert any(abs(a[0][0] - b[0][0]) > 1e-3 for a, b in zip(mixed, plain))  # adapters matter
+    with pytest.raises(ValueError, match="2 adapters"):  # a slot never loaded is no silent base
+        engine.launch(sequences[:1], labels[:1], adapters=[3])

@@ -8,7 +8,10 @@ the parts, which read the same input, stacked into one [Σr, in]; the B matrices
 diagonally into one [Σout, Σr], each part's rows against its own A rows, a part the adapter
 leaves out being a zero block. Then `B_packed A_packed` is exactly the stack of each part's
 `B A`, and the scaling is folded into B once. A `modules_to_save` head (a classifier's
-`score.weight`) replaces the base model's head.
+`score.weight`) is read and checked too; the engine refuses such an adapter for now.
+
+`LoraLinear` applies the adapters of a batch beside the base weights (Engine.add_adapter puts
+it in place of each linear).
 """
 
 from __future__ import annotations

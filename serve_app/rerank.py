@@ -156,20 +156,21 @@ class RerankPrompter:
                 cut = req.max_tokens_per_doc is not None and len(doc) > req.max_tokens_per_doc
                 if cut:
                     doc = doc[:req.max_tokens_per_doc]
-                if room is not None and len(doc) > room:
-                    if not req.truncate:
-                        chunks = self._chunks(doc, room)
-                        if req.max_chunks_per_doc and len(chunks) > req.max_chunks_per_doc:
-                            chunks = chunks[:req.max_chunks_per_doc]
-                            capped += 1
-                        items.extend(chunk + self.suffix_ids for chunk in chunks)
-                        documents.extend([k] * len(chunks))
-                        continue
+                over = room is not None and len(doc) > room
+                if over and req.truncate:
                     doc, cut = (doc[-room:] if req.keep_end else doc[:room]), True
+                truncated += cut
+                if over and not req.truncate:
+                    chunks = self._chunks(doc, room)
+                    if req.max_chunks_per_doc and len(chunks) > req.max_chunks_per_doc:
+                        chunks = chunks[:req.max_chunks_per_doc]
+                        capped += 1
+                    items.extend(chunk + self.suffix_ids for chunk in chunks)
+                    documents.extend([k] * len(chunks))
+                    continue
                 # Cut, or joined with the suffix one token too long for the window: apart.
                 if cut or (room is not None and len(item) > room + len(self.suffix_ids)):
                     item = doc + self.suffix_ids
-                truncated += cut
             items.append(item)
             documents.append(k)
         return RerankTokens(prefix_ids, items, documents, truncated, capped)

@@ -69,7 +69,7 @@ BAD = [
     ("/v1/score", {"query": [1], "items": [[2]], "label_token_ids": [VOCAB]}, 400),
     ("/v1/rerank", {"query": "q"}, 400),
     ("/v2/rerank", {"query": "q", "documents": ["d"], "top_n": 0}, 400),
-    ("/v1/score", {"query": [1], "items": [[1]] * 1025, "label_token_ids": [1]}, 413),
+    ("/v1/score", {"query": [1], "items": [[1]] * 10_001, "label_token_ids": [1]}, 413),
     ("/v1/score", {"query": [1] * 100, "items": [[1] * 1000] * 9, "label_token_ids": [1]}, 413),
 ]
 

@@ -25,6 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def from_repository(path: str) -> Path:
+    """A configured path: absolute as given, relative from the repository's root."""
+    return Path(path) if Path(path).is_absolute() else REPO_ROOT / path
+
+
 class _Settings(BaseModel):
     # Unknown keys are errors (Serve itself would ignore them); nothing changes after start.
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -305,10 +310,7 @@ class AuthConfig(_Settings):
         return self.api_keys_file is not None or self.api_keys_env is not None
 
     def resolved_keys_file(self) -> Path | None:
-        if self.api_keys_file is None:
-            return None
-        path = Path(self.api_keys_file)
-        return path if path.is_absolute() else REPO_ROOT / path
+        return None if self.api_keys_file is None else from_repository(self.api_keys_file)
 
 
 class AdapterConfig(_Settings):
@@ -358,8 +360,7 @@ class AppConfig(_Settings):
         return [self.served_model_name, *(a.name for a in self.adapters)]
 
     def resolved_adapter_paths(self) -> list[Path]:
-        return [p if (p := Path(a.path)).is_absolute() else REPO_ROOT / p for a in self.adapters]
+        return [from_repository(a.path) for a in self.adapters]
 
     def resolved_model_path(self) -> Path:
-        path = Path(self.model_path)
-        return path if path.is_absolute() else REPO_ROOT / path
+        return from_repository(self.model_path)

@@ -148,7 +148,7 @@ class RerankPrompter:
         long = [k for k, item in enumerate(joined) if req.max_tokens_per_doc
                 or (room is not None and len(item) > room + len(self.suffix_ids))]
         alone = dict(zip(long, self.tokenizer.encode_items([lead + req.documents[k]
-                                                            for k in long]) if long else []))
+                                                            for k in long])))
         items, documents, truncated, capped = [], [], 0, 0
         for k, item in enumerate(joined):
             doc = alone.get(k)

@@ -186,7 +186,7 @@ class Engine:
         plan_tensors = self.attention.plan(plan.sequences, self.dtype,
                                            cache.cached_slots if cache else None)
         if self.lora is not None:
-            plan_tensors = (*plan_tensors, *self._set_lora_batch(plan))
+            self._set_lora_batch(plan)
         attend = (InsertingAttention(self.attention, self.prefix_cache.kv, insert_rows,
                                      insert_slots) if cache and cache.insert_rows
                   else self.attention)
@@ -202,24 +202,24 @@ class Engine:
             return Step((host, *plan_tensors), out, None, plan.items_and_labels, plan.order)
         return self._read_back(out, (host, dev, *plan_tensors), plan.items_and_labels, plan.order)
 
-    def _set_lora_batch(self, plan: BatchPlan) -> tuple[torch.Tensor, ...]:
-        """Point the LoraLinears at this batch's adapters: per slot, its tokens and score rows."""
+    def _set_lora_batch(self, plan: BatchPlan) -> None:
+        """Point the LoraLinears at this batch's adapters: runs of consecutive tokens and score
+        rows of one adapter (gpu_worker/lora.py, LoraBatch)."""
         self.lora.tokens, self.lora.rows = [], []
         if plan.adapters is None:
-            return ()
-        tokens: dict[int, list[int]] = {}
-        rows: dict[int, list[int]] = {}
+            return
         token_at = row_at = 0
         for seq, slot in zip(plan.sequences, plan.adapters, strict=True):
+            n_rows = len(seq.score_rows)
             if slot:
-                tokens.setdefault(slot, []).extend(range(token_at, token_at + seq.num_tokens))
-                rows.setdefault(slot, []).extend(range(row_at, row_at + len(seq.score_rows)))
+                for runs, start, n in ((self.lora.tokens, token_at, seq.num_tokens),
+                                       (self.lora.rows, row_at, n_rows)):
+                    if runs and runs[-1][0] == slot and runs[-1][2] == start:
+                        runs[-1] = (slot, runs[-1][1], start + n)  # continues the last run
+                    else:
+                        runs.append((slot, start, start + n))
             token_at += seq.num_tokens
-            row_at += len(seq.score_rows)
-        for slot in tokens:
-            self.lora.tokens.append((slot, torch.tensor(tokens[slot], device=self.device)))
-            self.lora.rows.append((slot, torch.tensor(rows[slot], device=self.device)))
-        return tuple(index for _, index in self.lora.tokens + self.lora.rows)
+            row_at += n_rows
 
     @staticmethod
     def _read_back(out: torch.Tensor, keep: tuple[torch.Tensor, ...],

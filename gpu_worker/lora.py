@@ -135,18 +135,20 @@ def _packed_pair(folder: Path, layer: int, packed: str, found: dict[int, dict[st
 
 class LoraBatch:
     """Which rows of the running batch read which adapter, shared by every LoraLinear of one
-    engine and set by the engine before each forward: per adapter slot, the indices of its
-    tokens, and of its score rows (what the last layer's o_proj and MLP read). Empty for a batch
-    of base sequences only, which then pays nothing but an empty loop."""
+    engine and set by the engine before each forward: runs (slot, start, end) of consecutive
+    tokens of one adapter, and the same of score rows (what the last layer's o_proj and MLP
+    read). A batch sorted by adapter (the scheduler sorts it) has one run per adapter, so each
+    linear adds two small GEMMs per adapter on slices, with no gather; base sequences are in no
+    run and pay nothing."""
 
     def __init__(self) -> None:
-        self.tokens: list[tuple[int, torch.Tensor]] = []
-        self.rows: list[tuple[int, torch.Tensor]] = []
+        self.tokens: list[tuple[int, int, int]] = []
+        self.rows: list[tuple[int, int, int]] = []
 
 
 class LoraLinear(Linear):
     """A bf16 decoder linear plus the adapters loaded into its engine: y = x W^T (+ b), then for
-    each adapter in the batch, its rows get (x A^T) B^T added (gathered, computed, added back).
+    each run of one adapter's rows in the batch, those rows get (x A^T) B^T added in place.
     `reads_rows`: this linear sees the batch's score rows, not its tokens (the last layer's
     o_proj, gate/up and down: gpu_worker/model.py)."""
 
@@ -159,10 +161,10 @@ class LoraLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
-        for slot, index in (self.batch.rows if self.reads_rows else self.batch.tokens):
+        for slot, start, end in (self.batch.rows if self.reads_rows else self.batch.tokens):
             pair = self.pairs.get(slot)
             if pair is not None:
-                y.index_add_(0, index, (x.index_select(0, index) @ pair.a.t()) @ pair.b.t())
+                y[start:end].addmm_(x[start:end] @ pair.a.t(), pair.b.t())
         return y
 
     def swiglu(self, x, down: Linear, ops):

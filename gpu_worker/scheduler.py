@@ -281,6 +281,9 @@ class Scheduler:
         for task in batch:
             task.launched = launched
         try:
+            if any(t.adapter for t in batch):
+                # One run of rows per adapter: its LoRA GEMMs read slices (gpu_worker/lora.py)
+                batch.sort(key=lambda t: t.adapter)
             adapters = [t.adapter for t in batch]
             step = self.engine.launch([t.sequence for t in batch], [t.label_ids for t in batch],
                                       overlapped=overlapped,

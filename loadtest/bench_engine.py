@@ -2,7 +2,7 @@
 
 Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.6b-random]
        [--budget 65536] [--no-hf]
-       [--modes engine,sync,one_per_item,fp8,fp8_bf16_o,classifier,classifier_from_labels]
+       [--modes engine,sync,one_per_item,fp8,fp8_bf16_o,classifier,classifier_from_labels,lora]
        [--classifier-model models/qwen3-0.6b-cls-random] [--fp8-settings no_down,edges2]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
@@ -24,6 +24,12 @@ full-vocabulary log-sum-exp (the "engine" row). `classifier_from_labels` serves 
 with its two label rows as a one-class head (rerank.classifier_from_labels), the labels being
 the workload's two. `--fp8-settings` adds one fp8 engine per setting of the fidelity tool
 (which linears, bf16 edge layers): the speed column of its report.
+
+The `lora` mode loads LORA_ADAPTERS random rank-LORA_RANK adapters of all seven projections into
+the shipped engine (Engine.add_adapter) and scores the same requests with one adapter on every
+request, then with the adapters mixed uniformly (request k on adapter k mod 16), then without
+any (the base through the adapter-ready linears); and times a lone request, launch to scores,
+with and without an adapter (median of LONE_REPS; the base one replays its CUDA graph).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from pathlib import Path
 import torch
 
 from gpu_worker.engine import Engine, Step
+from gpu_worker.lora import Adapter, LoraPair, part_sizes
 from gpu_worker.scheduler import Scheduler, ScoreTask
 from gpu_worker.startup import measure_budget
 from loadtest.hf_baseline import HFBaseline
@@ -56,6 +63,7 @@ ENGINE_MODES = {
     "fp8_bf16_o": ("fp8, o_proj in bf16", {"precision": "fp8", "fp8": {
         "linears": ("qkv_proj", "gate_up_proj", "down_proj")}}),
 }
+LORA_ADAPTERS, LORA_RANK, LONE_REPS = 16, 16, 50
 
 
 def without_graphs(engine_cfg: EngineConfig, **update) -> EngineConfig:
@@ -95,8 +103,9 @@ class StepTimer:
 
 
 def run_scheduler(engine: Engine | StepTimer, sequences, cfg: SchedulerConfig, budget: int,
-                  labels: list[int]) -> tuple[float, int]:
-    """Seconds to score every sequence through the real scheduling loop, and batches run."""
+                  labels: list[int], adapters: list[int] | None = None) -> tuple[float, int]:
+    """Seconds to score every sequence through the real scheduling loop, and batches run.
+    `adapters`: per sequence, its LoRA adapter's slot (None: the base model for all)."""
     done = threading.Semaphore(0)
     failures: list[BaseException] = []
 
@@ -106,8 +115,8 @@ def run_scheduler(engine: Engine | StepTimer, sequences, cfg: SchedulerConfig, b
         done.release()
 
     scheduler = Scheduler(engine, cfg, batch_token_budget=budget)
-    for seq in sequences:
-        scheduler.submit(ScoreTask(seq, labels, on_done))
+    for k, seq in enumerate(sequences):
+        scheduler.submit(ScoreTask(seq, labels, on_done, adapter=adapters[k] if adapters else 0))
     torch.cuda.synchronize()
     start = time.perf_counter()
     scheduler.start()
@@ -185,6 +194,48 @@ def bench_classifier(folder: Path, engine_cfg: EngineConfig, causal_cfg, sequenc
     torch.cuda.empty_cache()
 
 
+def random_adapter(cfg, rank: int, seed: int, device: torch.device) -> Adapter:
+    """An adapter of every decoder projection at `rank` (per part), random values: speed only."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    sizes = part_sizes(cfg)
+    inputs = {"qkv_proj": cfg.hidden_size, "o_proj": cfg.num_attention_heads * cfg.head_dim,
+              "gate_up_proj": cfg.hidden_size, "down_proj": cfg.intermediate_size}
+    pairs = {}
+    for layer in range(cfg.num_hidden_layers):
+        for name, parts in sizes.items():
+            r = rank * len(parts)
+            a = torch.randn(r, inputs[name], generator=gen, device=device) / inputs[name] ** 0.5
+            b = torch.randn(sum(parts), r, generator=gen, device=device) / r
+            pairs[(layer, name)] = LoraPair(a.to(dtype), b.to(dtype))
+    return Adapter(Path(f"random-{seed}"), rank, pairs, None)
+
+
+def lone_request_ms(engine: Engine, sequence: PackedSequence, labels: list[int],
+                    adapter: int) -> float:
+    """Median launch-to-scores time of one request alone on an idle engine."""
+    times = []
+    for _ in range(LONE_REPS + 5):
+        start = time.perf_counter()
+        engine.finish(engine.launch([sequence], [labels], adapters=[adapter] if adapter else None))
+        times.append(time.perf_counter() - start)
+    return sorted(times[5:])[LONE_REPS // 2] * 1e3
+
+
+def bench_lora(engine: Engine, sequences, labels: list[int], bench) -> dict:
+    """The lora mode, on the shipped engine itself (its base batches still replay their graphs)."""
+    for k in range(LORA_ADAPTERS):
+        engine.add_adapter(random_adapter(engine.model.config, LORA_RANK, k, engine.device))
+    bench("LoRA, 1 adapter on all", engine, sequences, timing=True,
+          adapters=[1] * len(sequences))
+    bench(f"LoRA, {LORA_ADAPTERS} mixed", engine, sequences, timing=True,
+          adapters=[k % LORA_ADAPTERS + 1 for k in range(len(sequences))])
+    bench("base, adapters loaded", engine, sequences, timing=True)
+    return {"adapters": LORA_ADAPTERS, "rank": LORA_RANK,
+            "lone_request_ms": lone_request_ms(engine, sequences[0], labels, 1),
+            "base_lone_request_ms": lone_request_ms(engine, sequences[0], labels, 0)}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, help=f"default: model_path of configs/{CONFIG}")
@@ -223,11 +274,13 @@ def main():
     warm = multi[: max(1, budget // multi[0].num_tokens)]
     results, table = {}, []
 
-    def bench(name, engine, sequences, overlap=True, timing=False, labels=labels):
+    def bench(name, engine, sequences, overlap=True, timing=False, labels=labels, adapters=None):
         sched_cfg = sched.model_copy(update={"overlap": overlap})
-        run_scheduler(engine, warm, sched_cfg, budget, labels)  # compile + warm
+        run_scheduler(engine, warm, sched_cfg, budget, labels,
+                      adapters and adapters[:len(warm)])  # compile + warm
         timer = StepTimer(engine) if timing else None
-        seconds, batches = run_scheduler(timer or engine, sequences, sched_cfg, budget, labels)
+        seconds, batches = run_scheduler(timer or engine, sequences, sched_cfg, budget, labels,
+                                         adapters)
         idle = timer.idle_share() if timer else None
         results[name] = {"items_per_s": n_items / seconds, "seconds": seconds,
                          "batches": batches, "gpu_idle_share": idle}
@@ -260,6 +313,8 @@ def main():
         del engine
         torch.cuda.empty_cache()
 
+    lora = bench_lora(fast, multi, labels, bench) if "lora" in modes else None
+
     tokens_per_request = multi[0].num_tokens
     rate, linear_flops_per_token_layer = matmul_rate(cfg, budget // 2)
     batch = multi[: budget // tokens_per_request]
@@ -286,6 +341,7 @@ def main():
         "attention_ms_per_layer": attn_s * 1e3,
         "attention_batch_requests": len(batch),
         "modes": results,
+        "lora": lora,
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "command": " ".join(["python -m", __spec__.name, *sys.argv[1:]]),
@@ -303,6 +359,9 @@ def main():
     print(f"HF transformers (bf16, 1 seq/item): {hf and round(hf)} items/s; matmul {rate:.0f} "
           f"TFLOP/s; attention {attn_s * 1e3:.2f} ms/layer for {len(batch)} requests; "
           f"ceiling {ceiling:.0f} items/s")
+    if lora:
+        print(f"LoRA (rank {LORA_RANK}): lone request {lora['lone_request_ms']:.2f} ms with an "
+              f"adapter, {lora['base_lone_request_ms']:.2f} ms without")
     print(f"bench_engine: engine {engine_rate:.0f} items/s = {engine_rate / ceiling:.0%} of ceiling"
           + (f", {engine_rate / hf:.2f}x HF" if hf else "") + f" on {out['gpu']}")
 

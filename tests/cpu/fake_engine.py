@@ -35,6 +35,7 @@ class FakeEngine:
         self.error = error if error is not None else RuntimeError("poisoned batch")
         self.batches: list[list[int]] = []  # ids of the sequences of each launch
         self.overlapped: list[bool] = []  # the `overlapped` flag of each launch
+        self.adapters: list[list[int] | None] = []  # the `adapters` of each launch
         self.events: list[tuple[str, int]] = []  # ("launch" | "finish", batch number), in order
         self.finishing = threading.Event()  # set once a finish() has begun
         self._released = threading.Event()
@@ -51,6 +52,7 @@ class FakeEngine:
         number = len(self.batches)
         self.batches.append([id(seq) for seq in sequences])
         self.overlapped.append(overlapped)
+        self.adapters.append(adapters)
         if any(id(seq) in self.poisoned for seq in sequences):
             raise self.error
         self.events.append(("launch", number))

@@ -115,6 +115,30 @@ def test_batches_across_requests(sequences):
     assert scheduler.batches_run == 2 < len(sequences)
 
 
+def test_a_batch_reaches_the_engine_sorted_by_adapter_and_results_reach_their_tasks(sequences):
+    """Each adapter's sequences in one run (its LoRA GEMMs read slices: gpu_worker/lora.py);
+    base-only batches pass no adapters at all."""
+    slots = [2, 0, 1, 2, 0, 1, 0, 2]
+    fake = FakeEngine()
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=8), batch_token_budget=10_000)
+    collector = Collector()
+    for i, (seq, slot) in enumerate(zip(sequences, slots, strict=True)):
+        scheduler.submit(ScoreTask(seq, LABELS, collector.callback(i), adapter=slot))
+    scheduler.start()
+    try:
+        results = collector.wait(len(slots))
+    finally:
+        scheduler.stop()
+    assert fake.adapters == [[0, 0, 0, 1, 1, 2, 2, 2]]
+    order = sorted(range(len(slots)), key=lambda i: slots[i])  # stable: arrival order per slot
+    assert fake.batches == [[id(sequences[i]) for i in order]]
+    assert [results[i] for i in range(len(slots))] == [fake_scores(seq, LABELS)
+                                                       for seq in sequences]
+    base_only = FakeEngine()
+    run_all(Scheduler(base_only, SchedulerConfig(), batch_token_budget=10_000), sequences)
+    assert base_only.adapters == [None]
+
+
 def test_task_larger_than_budget_runs_alone(sequences):
     small = [seq for seq in sequences if seq.num_tokens <= 40][:3]
     big = max(sequences, key=lambda s: s.num_tokens)

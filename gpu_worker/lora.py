@@ -161,15 +161,22 @@ class LoraLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
-        for slot, start, end in (self.batch.rows if self.reads_rows else self.batch.tokens):
-            pair = self.pairs.get(slot)
-            if pair is not None:
-                y[start:end].addmm_(x[start:end] @ pair.a.t(), pair.b.t())
+        for slot, start, end, pair in self._runs():
+            y[start:end].addmm_(x[start:end] @ pair.a.t(), pair.b.t())
         return y
 
     def swiglu(self, x, down: Linear, ops):
-        """Unfused: the adapter's delta comes between the GEMM and SiLU."""
+        """Unfused when an adapter's delta must come between the GEMM and SiLU; else the base
+        model's own (fused) path."""
+        if not self._runs():
+            return super().swiglu(x, down, ops)
         return down.rows(ops.silu_and_mul(self(x)))
+
+    def _runs(self) -> list[tuple[int, int, int, LoraPair]]:
+        """The batch's runs of rows this linear adapts: (slot, start, end, its pair)."""
+        runs = self.batch.rows if self.reads_rows else self.batch.tokens
+        return [(slot, start, end, self.pairs[slot]) for slot, start, end in runs
+                if slot in self.pairs]
 
 
 def lora_linears(model: CausalLMForScoring, batch: LoraBatch) -> dict[tuple[int, str], LoraLinear]:

@@ -58,7 +58,8 @@ def main() -> int:
                     r = client.post("/v2/rerank", json=body)
                     elapsed = time.perf_counter() - started
                     if r.status_code != 200:
-                        sys.exit(f"{name}: {r.status_code} {r.text[:500]}")
+                        sys.exit(f"{name}: {r.status_code} {r.text[:500]}\nservice log:\n"
+                                 f"{service.log[-3000:]}")
                     answer = r.json()
                     if attempt:  # the first one warms up
                         seconds.append(elapsed)

@@ -161,7 +161,7 @@ class LoraLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
-        for slot, start, end, pair in self._runs():
+        for start, end, pair in self._runs():
             y[start:end].addmm_(x[start:end] @ pair.a.t(), pair.b.t())
         return y
 
@@ -172,11 +172,10 @@ class LoraLinear(Linear):
             return super().swiglu(x, down, ops)
         return down.rows(ops.silu_and_mul(self(x)))
 
-    def _runs(self) -> list[tuple[int, int, int, LoraPair]]:
-        """The batch's runs of rows this linear adapts: (slot, start, end, its pair)."""
+    def _runs(self) -> list[tuple[int, int, LoraPair]]:
+        """The batch's runs of rows this linear adapts: (start, end, the adapter's pair)."""
         runs = self.batch.rows if self.reads_rows else self.batch.tokens
-        return [(slot, start, end, self.pairs[slot]) for slot, start, end in runs
-                if slot in self.pairs]
+        return [(start, end, self.pairs[slot]) for slot, start, end in runs if slot in self.pairs]
 
 
 def lora_linears(model: CausalLMForScoring, batch: LoraBatch) -> dict[tuple[int, str], LoraLinear]:

@@ -7,11 +7,18 @@ rsLoRA). The engine packs q/k/v into one `qkv_proj` and gate/up into one `gate_u
 the parts, which read the same input, stacked into one [Σr, in]; the B matrices placed block-
 diagonally into one [Σout, Σr], each part's rows against its own A rows, a part the adapter
 leaves out being a zero block. Then `B_packed A_packed` is exactly the stack of each part's
-`B A`, and the scaling is folded into B once. A `modules_to_save` head (a classifier's
-`score.weight`) is read and checked too; the engine refuses such an adapter for now.
+`B A`, and the scaling is folded into B once. Σr is padded with zeros to a multiple of
+RANK_ALIGN (a zero row of A meets a zero column of B: the product is unchanged), so the widened
+GEMMs below keep the tile-aligned K the fused gate/up kernel needs, and one compiled variant
+serves every rank up to it. A `modules_to_save` head (a classifier's `score.weight`) is read
+and checked too; the engine refuses such an adapter for now.
 
 `LoraLinear` applies the adapters of a batch beside the base weights (Engine.add_adapter puts
-it in place of each linear).
+it in place of each linear). Where the output is wider than the input (qkv, gate/up), an
+adapter's rows run one GEMM with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ, which costs
+copies of x and W; elsewhere (o, down) the delta is added to the output afterwards, which reads
+and writes the output once more: each picks the smaller tensor to move
+(docs/ARCHITECTURE.md, "LoRA adapters").
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from safetensors.torch import load_file
 from gpu_worker.model import PACKED_MODULES, CausalLMForScoring, Linear
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 
+RANK_ALIGN = 64  # the fused gate/up kernel's BLOCK_K (gpu_worker/gate_up_silu_kernel.py)
 # projection name in a checkpoint -> (the engine's packed linear, which part of it)
 LINEAR_OF = {part: (packed, k) for packed, parts in PACKED_MODULES.items()
              for k, part in enumerate(parts)} | {"o_proj": ("o_proj", 0),
@@ -127,7 +135,9 @@ def _packed_pair(folder: Path, layer: int, packed: str, found: dict[int, dict[st
         a_rows.append(a)
         blocks.append((out_at[part], rank_at, b_part * scaling))
         rank_at += a.shape[0]
-    b = torch.zeros(sum(sizes), rank_at)
+    aligned = -(-rank_at // RANK_ALIGN) * RANK_ALIGN
+    a_rows.append(torch.zeros(aligned - rank_at, a_rows[0].shape[1]))
+    b = torch.zeros(sum(sizes), aligned)
     for out, at, block in blocks:
         b[out:out + block.shape[0], at:at + block.shape[1]] = block
     return LoraPair(torch.cat(a_rows).to(device, dtype), b.to(device, dtype))
@@ -147,10 +157,10 @@ class LoraBatch:
 
 
 class LoraLinear(Linear):
-    """A bf16 decoder linear plus the adapters loaded into its engine: y = x W^T (+ b), then for
-    each run of one adapter's rows in the batch, those rows get (x A^T) B^T added in place.
-    `reads_rows`: this linear sees the batch's score rows, not its tokens (the last layer's
-    o_proj, gate/up and down: gpu_worker/model.py)."""
+    """A bf16 decoder linear plus the adapters loaded into its engine: x Wᵀ (+ b), and for each
+    run of one adapter's rows in the batch, (x Aᵀ) Bᵀ added to those rows. `reads_rows`: this
+    linear sees the batch's score rows, not its tokens (the last layer's o_proj, gate/up and
+    down: gpu_worker/model.py)."""
 
     def __init__(self, linear: Linear, batch: LoraBatch, reads_rows: bool) -> None:
         super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
@@ -158,24 +168,55 @@ class LoraLinear(Linear):
         self.weight, self.bias = linear.weight, linear.bias
         self.batch, self.reads_rows = batch, reads_rows
         self.pairs: dict[int, LoraPair] = {}  # adapter slot -> its pair here (absent: none)
+        # K widened where the output is the larger tensor to move (the module docstring)
+        self.widen = linear.out_features > linear.in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super().forward(x)
-        for start, end, pair in self._runs():
-            y[start:end].addmm_(x[start:end] @ pair.a.t(), pair.b.t())
+        runs = self._runs()
+        if not runs:
+            return super().forward(x)
+        if not self.widen:
+            y = super().forward(x)
+            for start, end, pair in runs:
+                y[start:end].addmm_(x[start:end] @ pair.a.t(), pair.b.t())
+            return y
+        y = x.new_empty(x.shape[0], self.out_features)
+        for start, end, rows, weight in self._pieces(x, runs):
+            if self.bias is None:
+                torch.mm(rows, weight.t(), out=y[start:end])
+            else:
+                torch.addmm(self.bias, rows, weight.t(), out=y[start:end])
         return y
 
     def swiglu(self, x, down: Linear, ops):
-        """Unfused when an adapter's delta must come between the GEMM and SiLU; else the base
-        model's own (fused) path."""
-        if not self._runs():
+        """The base model's own (fused) path for each piece, widened for an adapter's rows;
+        unfused where the delta is added after the GEMM (not widened)."""
+        runs = self._runs()
+        if not runs:
             return super().swiglu(x, down, ops)
-        return down.rows(ops.silu_and_mul(self(x)))
+        if not self.widen:
+            return down.rows(ops.silu_and_mul(self(x)))
+        pieces = [ops.gate_up_silu(rows, weight) for *_, rows, weight in self._pieces(x, runs)]
+        return down.rows(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
 
     def _runs(self) -> list[tuple[int, int, LoraPair]]:
         """The batch's runs of rows this linear adapts: (start, end, the adapter's pair)."""
         runs = self.batch.rows if self.reads_rows else self.batch.tokens
         return [(start, end, self.pairs[slot]) for slot, start, end in runs if slot in self.pairs]
+
+    def _pieces(self, x: torch.Tensor, runs: list[tuple[int, int, LoraPair]]):
+        """x cut at the runs, in order: (start, end, rows, weight), an adapter's rows and weight
+        widened by its rank, the rows between them (the base's) as they are."""
+        at = 0
+        for start, end, pair in runs:
+            if at < start:
+                yield at, start, x[at:start], self.weight
+            rows = x[start:end]
+            yield (start, end, torch.cat([rows, rows @ pair.a.t()], dim=1),
+                   torch.cat([self.weight, pair.b], dim=1))
+            at = end
+        if at < x.shape[0]:
+            yield at, x.shape[0], x[at:], self.weight
 
 
 def lora_linears(model: CausalLMForScoring, batch: LoraBatch) -> dict[tuple[int, str], LoraLinear]:

@@ -54,6 +54,13 @@ class LoraPair:
     a: torch.Tensor  # [Σ rank of the parts, in]
     b: torch.Tensor  # [out, Σ rank of the parts]
 
+    @classmethod
+    def aligned(cls, a: torch.Tensor, b: torch.Tensor) -> LoraPair:
+        """The pair with Σr padded with zeros to a multiple of RANK_ALIGN (module docstring)."""
+        pad = -a.shape[0] % RANK_ALIGN
+        return cls(torch.cat([a, a.new_zeros(pad, a.shape[1])]),
+                   torch.cat([b, b.new_zeros(b.shape[0], pad)], dim=1))
+
     def delta_weight(self) -> torch.Tensor:
         """What merging adds to the packed weight: [out, in]."""
         return self.b @ self.a
@@ -135,12 +142,10 @@ def _packed_pair(folder: Path, layer: int, packed: str, found: dict[int, dict[st
         a_rows.append(a)
         blocks.append((out_at[part], rank_at, b_part * scaling))
         rank_at += a.shape[0]
-    aligned = -(-rank_at // RANK_ALIGN) * RANK_ALIGN
-    a_rows.append(torch.zeros(aligned - rank_at, a_rows[0].shape[1]))
-    b = torch.zeros(sum(sizes), aligned)
+    b = torch.zeros(sum(sizes), rank_at)
     for out, at, block in blocks:
         b[out:out + block.shape[0], at:at + block.shape[1]] = block
-    return LoraPair(torch.cat(a_rows).to(device, dtype), b.to(device, dtype))
+    return LoraPair.aligned(torch.cat(a_rows).to(device, dtype), b.to(device, dtype))
 
 
 class LoraBatch:

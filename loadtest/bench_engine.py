@@ -207,7 +207,7 @@ def random_adapter(cfg, rank: int, seed: int, device: torch.device) -> Adapter:
             r = rank * len(parts)
             a = torch.randn(r, inputs[name], generator=gen, device=device) / inputs[name] ** 0.5
             b = torch.randn(sum(parts), r, generator=gen, device=device) / r
-            pairs[(layer, name)] = LoraPair(a.to(dtype), b.to(dtype))
+            pairs[(layer, name)] = LoraPair.aligned(a.to(dtype), b.to(dtype))
     return Adapter(Path(f"random-{seed}"), rank, pairs, None)
 
 

@@ -94,6 +94,9 @@ class Engine:
         self.adapters: list[Adapter] = []  # slot k + 1 is adapters[k]
         self.lora: LoraBatch | None = None  # with the first adapter
         self._lora_linears: dict = {}  # (layer, packed linear name) -> its LoraLinear
+        # Adapters through the Triton kernels (gpu_worker/lora_kernel.py) where the fused gate/up
+        # kernel runs (its tiles, Hopper); elsewhere LoraLinear's slice path
+        self._lora_kernels = self.ops.fused_gate_up
 
     def add_adapter(self, adapter: Adapter) -> int:
         """Load a LoRA adapter (gpu_worker/lora.py); returns its slot, the number a batch names
@@ -103,10 +106,10 @@ class Engine:
                              "(modules_to_save) is not supported yet")
         if self.lora is None:
             self.lora = LoraBatch()
-            self._lora_linears = lora_linears(self.model, self.lora)
+            self._lora_linears = lora_linears(self.model, self.lora, self._lora_kernels)
         slot = len(self.adapters) + 1
         for key, pair in adapter.pairs.items():
-            self._lora_linears[key].pairs[slot] = pair
+            self._lora_linears[key].add(slot, pair)
         self.adapters.append(adapter)
         return slot
 
@@ -176,17 +179,22 @@ class Engine:
         input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(
             plan.sequences, plan.label_ids)
         on_cuda = self.device.type == "cuda"
-        # [T], [T], [R], [N], [N], then the rows and slots the cache inserts (empty without)
+        if self.lora is not None:
+            self._set_lora_batch(plan)
+        # [T], [T], [R], [N], [N], then the rows and slots the cache inserts (empty without),
+        # then each token's and each score row's adapter slot for the LoRA kernels (else empty)
         lists = (input_ids, positions, score_rows, label_rows, label_ids,
-                 *((cache.insert_rows, cache.insert_slots) if cache else ([], [])))
+                 *((cache.insert_rows, cache.insert_slots) if cache else ([], [])),
+                 *(self._lora_slot_lists(plan) if self._lora_kernels else ([], [])))
         sizes = [len(x) for x in lists]
         host = padded_int64_tensor(list(zip(lists, sizes)), pin=on_cuda)  # one copy for all
         dev = host.to(self.device, non_blocking=True)
-        ids, pos, rows, label_rows_dev, label_ids_dev, insert_rows, insert_slots = dev.split(sizes)
+        (ids, pos, rows, label_rows_dev, label_ids_dev, insert_rows, insert_slots,
+         token_slots, row_slots) = dev.split(sizes)
+        if self.lora is not None:
+            self.lora.token_slots, self.lora.row_slots = token_slots, row_slots
         plan_tensors = self.attention.plan(plan.sequences, self.dtype,
                                            cache.cached_slots if cache else None)
-        if self.lora is not None:
-            self._set_lora_batch(plan)
         attend = (InsertingAttention(self.attention, self.prefix_cache.kv, insert_rows,
                                      insert_slots) if cache and cache.insert_rows
                   else self.attention)
@@ -220,6 +228,17 @@ class Engine:
                         runs.append((slot, start, start + n))
             token_at += seq.num_tokens
             row_at += n_rows
+
+    @staticmethod
+    def _lora_slot_lists(plan: BatchPlan) -> tuple[list[int], list[int]]:
+        """Each token's and each score row's adapter slot (0: the model alone)."""
+        if plan.adapters is None:
+            return [], []
+        tokens, rows = [], []
+        for seq, slot in zip(plan.sequences, plan.adapters, strict=True):
+            tokens += [slot] * seq.num_tokens
+            rows += [slot] * len(seq.score_rows)
+        return tokens, rows
 
     @staticmethod
     def _read_back(out: torch.Tensor, keep: tuple[torch.Tensor, ...],

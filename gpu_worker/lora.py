@@ -159,6 +159,9 @@ class LoraBatch:
     def __init__(self) -> None:
         self.tokens: list[tuple[int, int, int]] = []
         self.rows: list[tuple[int, int, int]] = []
+        # for the kernels: each token's and each score row's slot, on the device (0: none)
+        self.token_slots: torch.Tensor | None = None
+        self.row_slots: torch.Tensor | None = None
 
 
 class LoraLinear(Linear):
@@ -167,7 +170,8 @@ class LoraLinear(Linear):
     linear sees the batch's score rows, not its tokens (the last layer's o_proj, gate/up and
     down: gpu_worker/model.py)."""
 
-    def __init__(self, linear: Linear, batch: LoraBatch, reads_rows: bool) -> None:
+    def __init__(self, linear: Linear, batch: LoraBatch, reads_rows: bool,
+                 kernels: bool = False) -> None:
         super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
                          device="meta")
         self.weight, self.bias = linear.weight, linear.bias
@@ -175,11 +179,26 @@ class LoraLinear(Linear):
         self.pairs: dict[int, LoraPair] = {}  # adapter slot -> its pair here (absent: none)
         # K widened where the output is the larger tensor to move (the module docstring)
         self.widen = linear.out_features > linear.in_features
+        self.kernels = kernels  # gpu_worker/lora_kernel.py, with every pair stacked
+        self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None  # A [S, R, in], B [S, out, R]
+
+    def add(self, slot: int, pair: LoraPair) -> None:
+        """Give adapter `slot` its pair here (restacked for the kernels)."""
+        self.pairs[slot] = pair
+        if self.kernels:
+            rank, slots = max(p.a.shape[0] for p in self.pairs.values()), max(self.pairs)
+            a = pair.a.new_zeros(slots, rank, self.in_features)
+            b = pair.b.new_zeros(slots, self.out_features, rank)
+            for s, p in self.pairs.items():
+                a[s - 1, :p.a.shape[0]], b[s - 1, :, :p.b.shape[1]] = p.a, p.b
+            self.stacked = (a, b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         runs = self._runs()
         if not runs:
             return super().forward(x)
+        if self.kernels:
+            return self._through_kernels(x, swiglu=False)
         if not self.widen:
             y = super().forward(x)
             for start, end, pair in runs:
@@ -199,10 +218,20 @@ class LoraLinear(Linear):
         runs = self._runs()
         if not runs:
             return super().swiglu(x, down, ops)
+        if self.kernels:
+            return down.rows(self._through_kernels(x, swiglu=True))
         if not self.widen:
             return down.rows(ops.silu_and_mul(self(x)))
         pieces = [ops.gate_up_silu(rows, weight) for *_, rows, weight in self._pieces(x, runs)]
         return down.rows(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
+
+    def _through_kernels(self, x: torch.Tensor, swiglu: bool) -> torch.Tensor:
+        from gpu_worker.lora_kernel import lora_linear, lora_shrink
+
+        slots = self.batch.row_slots if self.reads_rows else self.batch.token_slots
+        a, b = self.stacked
+        x = x.contiguous()
+        return lora_linear(x, self.weight, lora_shrink(x, a, slots), b, slots, self.bias, swiglu)
 
     def _runs(self) -> list[tuple[int, int, LoraPair]]:
         """The batch's runs of rows this linear adapts: (start, end, the adapter's pair)."""
@@ -224,9 +253,13 @@ class LoraLinear(Linear):
             yield at, x.shape[0], x[at:], self.weight
 
 
-def lora_linears(model: CausalLMForScoring, batch: LoraBatch) -> dict[tuple[int, str], LoraLinear]:
+def lora_linears(model: CausalLMForScoring, batch: LoraBatch, kernels: bool = False
+                 ) -> dict[tuple[int, str], LoraLinear]:
     """Put a LoraLinear in place of each decoder linear of `model` (bf16 or fp32 only), sharing
-    `batch`; returns them by (layer, packed linear name)."""
+    `batch`; returns them by (layer, packed linear name). `kernels`: the Triton kernels
+    (gpu_worker/lora_kernel.py; CUDA, Hopper) for each linear whose shape their tiles divide."""
+    if kernels:
+        from gpu_worker.lora_kernel import fits
     layers = model.model.layers
     out = {}
     for i, layer in enumerate(layers):
@@ -238,7 +271,9 @@ def lora_linears(model: CausalLMForScoring, batch: LoraBatch) -> dict[tuple[int,
                     raise ValueError("LoRA adapters need a bf16 base (engine.precision bf16): "
                                      f"layer {i} {name} is {type(linear).__name__}")
                 lora = LoraLinear(linear, batch, reads_rows=i == len(layers) - 1
-                                  and name != "qkv_proj")
+                                  and name != "qkv_proj", kernels=kernels and fits(
+                                      linear.out_features, linear.in_features,
+                                      swiglu=name == "gate_up_proj"))
                 setattr(parent, name, lora)
                 out[(i, name)] = lora
     return out

@@ -41,6 +41,8 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class TorchOps:
+    fused_gate_up = False  # the Triton GEMMs (CudaOps on Hopper) are not used
+
     def __init__(self, cfg: ModelConfig) -> None:
         self.inv_freq = rope_inv_freq(cfg)  # [head_dim // 2] fp32, CPU
 

@@ -133,3 +133,49 @@ def test_fp8_row_quantizers_match_a_float64_reference(rows, width):
         step = (q.double() - want_q.double()).abs() <= 2**-3 * want_q.double().abs() + 2**-9
         print(f"{name} {rows}x{width}: {same:.5f} of codes identical")
         assert same >= 0.995 and bool(step.all()), name
+
+
+@pytest.mark.parametrize("swiglu", [False, True], ids=["plain", "swiglu"])
+@pytest.mark.parametrize("order", ["sorted", "interleaved"])
+def test_lora_kernels_match_a_float64_reference(swiglu, order):
+    """lora_shrink + lora_linear over base rows and three adapters (rank 64 of the 0.6B shapes):
+    as close to a float64 x Wᵀ + (x Aᵀ) Bᵀ as LoraLinear's slice path (cuBLAS, bf16 roundings
+    between) is; rows sorted by adapter, as the scheduler sends them, and in any order."""
+    from gpu_worker.lora_kernel import lora_linear, lora_shrink
+
+    hidden, out, rank, adapters = 1024, (6144 if swiglu else 4096), 64, 3
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    runs = [0] * 300 + [2] * 1000 + [1] * 77 + [0] * 129 + [3] * 500
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(torch.bfloat16)
+
+    if order == "interleaved":
+        runs = [runs[i] for i in torch.randperm(len(runs), generator=g, device=DEVICE).tolist()]
+    slots = torch.tensor(runs, device=DEVICE)
+    x, w = randn(len(runs), hidden), randn(out, hidden, scale=0.02)
+    a, b = randn(adapters, rank, hidden, scale=0.03), randn(adapters, out, rank, scale=0.05)
+    t = lora_shrink(x, a, slots)
+    got = lora_linear(x, w, t, b, slots, swiglu=swiglu).float()
+    pick = torch.cat([torch.zeros(1, rank, hidden, device=DEVICE, dtype=torch.bfloat16), a])[slots]
+    t_ref = torch.einsum("mk,mrk->mr", x.float(), pick.float()).to(torch.bfloat16)
+    assert (t == t_ref).float().mean().item() >= 0.99
+    b_pick = torch.cat([torch.zeros(1, out, rank, device=DEVICE, dtype=torch.bfloat16), b])[slots]
+    # both paths round t to bf16 before the second GEMM: the reference starts from that t
+    exact = x.double() @ w.double().T + torch.einsum("mr,mor->mo", t_ref.double(),
+                                                     b_pick.double())
+    sliced = torch.nn.functional.linear(x, w)  # the slice path: bf16 GEMM, then the delta added
+    for s in range(1, adapters + 1):
+        rows = slots == s
+        sliced[rows] += t[rows] @ b[s - 1].T
+    if swiglu:
+        gate64, up64 = exact.chunk(2, dim=-1)
+        exact = torch.nn.functional.silu(gate64) * up64
+        gate, up = sliced.chunk(2, dim=-1)
+        sliced = (torch.nn.functional.silu(gate.float()) * up.float()).to(torch.bfloat16)
+    assert got.shape == exact.shape
+    err = ((got.double() - exact).norm() / exact.norm()).item()
+    err_sliced = ((sliced.double() - exact).norm() / exact.norm()).item()
+    print(f"lora {order} {'swiglu' if swiglu else 'plain'}: rel. error kernels {err:.2e}, "
+          f"slice path {err_sliced:.2e}")
+    assert err <= 1.05 * err_sliced

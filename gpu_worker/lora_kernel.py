@@ -1,0 +1,141 @@
+"""A batch of several LoRA adapters through a decoder linear in two Triton kernels: no gather, no
+copy of x or W, and no second pass over the output.
+
+`lora_shrink`: t = x Aᵀ with each row's own adapter's A, [M, R] (zeros for rows of the model
+alone). `lora_linear`: y = x Wᵀ + t Bᵀ, again each row's own B, as one GEMM: the K loop over x
+and W is the fused gate/up kernel's (gpu_worker/gate_up_silu_kernel.py: TMA tiles, grouped
+order, one fixed tile), then each adapter present in the row tile adds its rows of t times its
+B tile (other rows masked to zero) into the same fp32 accumulator before the only store. With
+`swiglu` the weight is the packed gate/up and the epilogue applies SiLU-and-multiply, rounding
+gate and up to bf16 first, as the unfused path does. A tile meets every adapter between its
+rows' smallest and largest slot; the scheduler sorts a batch by adapter, so that is one or two.
+Adapters are stacked per linear: A [S, R, K] and B [S, out, R], slot s (1-based) at s - 1, R the
+largest padded Σr (gpu_worker/lora.py, RANK_ALIGN). Its torch reference is LoraLinear's slice
+path (gpu_worker/lora.py); tests/gpu/test_triton_kernels.py compares the two. Hopper or newer.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from gpu_worker.gate_up_silu_kernel import BLOCK_K, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, NUM_WARPS
+
+SHRINK_BLOCK_M = 64
+NO_SLOT = 1 << 30  # above any slot: a tile without adapter rows loops over none
+
+
+def fits(out_features: int, in_features: int, swiglu: bool) -> bool:
+    """Whether the kernels' fixed tiles divide this linear's shape."""
+    n = out_features // 2 if swiglu else out_features
+    return n % BLOCK_N == 0 and in_features % BLOCK_K == 0
+
+
+@triton.jit(do_not_specialize=["M"])
+def _lora_shrink_kernel(x_ptr, a_ptr, t_ptr, slot_ptr, M, K: tl.constexpr, R: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NO_SLOT: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    inside = rows < M
+    slots = tl.load(slot_ptr + rows, mask=inside, other=0)
+    first = tl.min(tl.where(slots > 0, slots, NO_SLOT))
+    last = tl.max(slots)
+    r = tl.arange(0, R)
+    kk = tl.arange(0, BLOCK_K)
+    t = tl.zeros((BLOCK_M, R), dtype=tl.float32)
+    for s in range(first, last + 1):
+        acc = tl.zeros((BLOCK_M, R), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + (k + kk)[None, :],
+                        mask=inside[:, None], other=0.0)
+            a = tl.load(a_ptr + (s - 1) * (R * K) + r[:, None] * K + (k + kk)[None, :])
+            acc = tl.dot(x, a.T, acc)
+        t = tl.where((slots == s)[:, None], acc, t)
+    tl.store(t_ptr + rows[:, None].to(tl.int64) * R + r[None, :], t.to(t_ptr.dtype.element_ty),
+             mask=inside[:, None])
+
+
+@triton.jit(do_not_specialize=["M"])
+def _lora_linear_kernel(x_desc, w_desc, t_ptr, b_ptr, slot_ptr, bias_ptr, out_ptr, M,
+                        N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, W_ROWS: tl.constexpr,
+                        SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        NO_SLOT: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n: tl.constexpr = N // BLOCK_N
+    group = pid // (GROUP_M * num_pid_n)
+    first_m = group * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
+    om, on = pid_m * BLOCK_M, pid_n * BLOCK_N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):  # rows past M load as zeros; the store clips them
+        a = x_desc.load([om, k])
+        acc = tl.dot(a, w_desc.load([on, k]).T, acc)
+        if SWIGLU:
+            acc_u = tl.dot(a, w_desc.load([N + on, k]).T, acc_u)
+
+    rows = om + tl.arange(0, BLOCK_M)
+    inside = rows < M
+    slots = tl.load(slot_ptr + rows, mask=inside, other=0)
+    first = tl.min(tl.where(slots > 0, slots, NO_SLOT))
+    last = tl.max(slots)
+    r = tl.arange(0, R)
+    n = on + tl.arange(0, BLOCK_N)
+    for s in range(first, last + 1):
+        t = tl.load(t_ptr + rows[:, None].to(tl.int64) * R + r[None, :],
+                    mask=(inside & (slots == s))[:, None], other=0.0)
+        b_slot = b_ptr + (s - 1) * (W_ROWS * R)
+        acc = tl.dot(t, tl.load(b_slot + n[:, None] * R + r[None, :]).T, acc)
+        if SWIGLU:
+            acc_u = tl.dot(t, tl.load(b_slot + (N + n)[:, None] * R + r[None, :]).T, acc_u)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n).to(tl.float32)[None, :]
+    if SWIGLU:
+        g = acc.to(tl.bfloat16).to(tl.float32)
+        u = acc_u.to(tl.bfloat16).to(tl.float32)
+        y = g / (1.0 + tl.exp(-g)) * u
+    else:
+        y = acc
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * N + n[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=inside[:, None])
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bf16, a [S, R, K] bf16, slots [M] int (0: no adapter) → t [M, R] bf16."""
+    m, k = x.shape
+    r = a.shape[1]
+    t = torch.empty((m, r), device=x.device, dtype=x.dtype)
+    if m:
+        _lora_shrink_kernel[(triton.cdiv(m, SHRINK_BLOCK_M),)](
+            x, a, t, slots, m, K=k, R=r, BLOCK_M=SHRINK_BLOCK_M, BLOCK_K=BLOCK_K,
+            NO_SLOT=NO_SLOT)
+    return t
+
+
+def lora_linear(x: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, b: torch.Tensor,
+                slots: torch.Tensor, bias: torch.Tensor | None = None,
+                swiglu: bool = False) -> torch.Tensor:
+    """x Wᵀ (+ bias) + each row's t Bᵀ, [M, out] bf16; with `swiglu`, SiLU(gate) * up of that,
+    [M, out / 2]. x [M, K] and weight [out, K] contiguous bf16; t [M, R]; b [S, out, R]."""
+    m, k = x.shape
+    rows = weight.shape[0]
+    n = rows // 2 if swiglu else rows
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    if m:
+        grid = (triton.cdiv(m, BLOCK_M) * (n // BLOCK_N),)
+        _lora_linear_kernel[grid](
+            TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]),
+            TensorDescriptor.from_tensor(weight, [BLOCK_N, BLOCK_K]),
+            t, b, slots, bias if bias is not None else t, out, m,
+            N=n, K=k, R=t.shape[1], W_ROWS=rows, SWIGLU=swiglu, HAS_BIAS=bias is not None,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, NO_SLOT=NO_SLOT,
+            num_stages=NUM_STAGES, num_warps=NUM_WARPS,
+        )
+    return out

@@ -108,8 +108,8 @@ class Engine:
             self.lora = LoraBatch()
             self._lora_linears = lora_linears(self.model, self.lora, self._lora_kernels)
         slot = len(self.adapters) + 1
-        for key, pair in adapter.pairs.items():
-            self._lora_linears[key].add(slot, pair)
+        for key, lora in self._lora_linears.items():
+            lora.add(slot, adapter.pairs.get(key))
         self.adapters.append(adapter)
         return slot
 

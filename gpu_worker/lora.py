@@ -179,16 +179,22 @@ class LoraLinear(Linear):
         self.pairs: dict[int, LoraPair] = {}  # adapter slot -> its pair here (absent: none)
         # K widened where the output is the larger tensor to move (the module docstring)
         self.widen = linear.out_features > linear.in_features
-        self.kernels = kernels  # gpu_worker/lora_kernel.py, with every pair stacked
+        # gpu_worker/lora_kernel.py, with every pair stacked, for batches of several adapters;
+        # one adapter's run is faster as the slices below (docs/BENCHMARKS.md, "LoRA adapters")
+        self.kernels = kernels
         self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None  # A [S, R, in], B [S, out, R]
 
-    def add(self, slot: int, pair: LoraPair) -> None:
-        """Give adapter `slot` its pair here (restacked for the kernels)."""
-        self.pairs[slot] = pair
-        if self.kernels:
-            rank, slots = max(p.a.shape[0] for p in self.pairs.values()), max(self.pairs)
-            a = pair.a.new_zeros(slots, rank, self.in_features)
-            b = pair.b.new_zeros(slots, self.out_features, rank)
+    def add(self, slot: int, pair: LoraPair | None) -> None:
+        """Give adapter `slot` its pair here, None where it leaves this linear as it is. For the
+        kernels every slot up to `slot` is stacked, zeros where it has no pair: a batch's rows
+        name slots the kernels index by."""
+        if pair is not None:
+            self.pairs[slot] = pair
+        if self.kernels and self.pairs:
+            first = next(iter(self.pairs.values()))
+            rank = max(p.a.shape[0] for p in self.pairs.values())
+            a = first.a.new_zeros(slot, rank, self.in_features)
+            b = first.b.new_zeros(slot, self.out_features, rank)
             for s, p in self.pairs.items():
                 a[s - 1, :p.a.shape[0]], b[s - 1, :, :p.b.shape[1]] = p.a, p.b
             self.stacked = (a, b)
@@ -197,7 +203,7 @@ class LoraLinear(Linear):
         runs = self._runs()
         if not runs:
             return super().forward(x)
-        if self.kernels:
+        if self.kernels and len(runs) > 1:
             return self._through_kernels(x, swiglu=False)
         if not self.widen:
             y = super().forward(x)
@@ -218,7 +224,7 @@ class LoraLinear(Linear):
         runs = self._runs()
         if not runs:
             return super().swiglu(x, down, ops)
-        if self.kernels:
+        if self.kernels and len(runs) > 1:
             return down.rows(self._through_kernels(x, swiglu=True))
         if not self.widen:
             return down.rows(ops.silu_and_mul(self(x)))

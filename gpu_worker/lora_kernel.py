@@ -23,14 +23,18 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gpu_worker.gate_up_silu_kernel import BLOCK_K, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, NUM_WARPS
 
+# Without SwiGLU's second accumulator, one twice as wide: the same registers, the same tile of
+# output work per program as the gate/up kernel's.
+PLAIN_BLOCK_N = 2 * BLOCK_N
 SHRINK_BLOCK_M = 64
 NO_SLOT = 1 << 30  # above any slot: a tile without adapter rows loops over none
 
 
 def fits(out_features: int, in_features: int, swiglu: bool) -> bool:
     """Whether the kernels' fixed tiles divide this linear's shape."""
-    n = out_features // 2 if swiglu else out_features
-    return n % BLOCK_N == 0 and in_features % BLOCK_K == 0
+    if swiglu:
+        return (out_features // 2) % BLOCK_N == 0 and in_features % BLOCK_K == 0
+    return out_features % PLAIN_BLOCK_N == 0 and in_features % BLOCK_K == 0
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -126,16 +130,19 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, b: torch
     [M, out / 2]. x [M, K] and weight [out, K] contiguous bf16; t [M, R]; b [S, out, R]."""
     m, k = x.shape
     rows = weight.shape[0]
+    if not fits(rows, k, swiglu):
+        raise ValueError(f"lora_linear: weight {tuple(weight.shape)} does not fit the tiles")
     n = rows // 2 if swiglu else rows
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    block_n = BLOCK_N if swiglu else PLAIN_BLOCK_N
     if m:
-        grid = (triton.cdiv(m, BLOCK_M) * (n // BLOCK_N),)
+        grid = (triton.cdiv(m, BLOCK_M) * (n // block_n),)
         _lora_linear_kernel[grid](
             TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]),
-            TensorDescriptor.from_tensor(weight, [BLOCK_N, BLOCK_K]),
+            TensorDescriptor.from_tensor(weight, [block_n, BLOCK_K]),
             t, b, slots, bias if bias is not None else t, out, m,
             N=n, K=k, R=t.shape[1], W_ROWS=rows, SWIGLU=swiglu, HAS_BIAS=bias is not None,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, NO_SLOT=NO_SLOT,
+            BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, NO_SLOT=NO_SLOT,
             num_stages=NUM_STAGES, num_warps=NUM_WARPS,
         )
     return out

@@ -17,8 +17,9 @@ and checked too; the engine refuses such an adapter for now.
 it in place of each linear). Where the output is wider than the input (qkv, gate/up), an
 adapter's rows run one GEMM with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ, which costs
 copies of x and W; elsewhere (o, down) the delta is added to the output afterwards, which reads
-and writes the output once more: each picks the smaller tensor to move
-(docs/ARCHITECTURE.md, "LoRA adapters").
+and writes the output once more: each picks the smaller tensor to move. A batch of several
+adapters would pay those copies per adapter: on Hopper it runs through gpu_worker/lora_kernel.py
+instead (docs/ARCHITECTURE.md, "LoRA adapters").
 """
 
 from __future__ import annotations

@@ -117,6 +117,12 @@ def warm_up(engine, budget_tokens: int, max_seq_tokens: int) -> None:
     started, compiled = time.perf_counter(), triton_variants()
     for batch in warm_up_batches(budget_tokens, max_seq_tokens):
         _run(engine, batch, overlapped=True, use_cache=False)
+    if engine.adapters:  # each adapter's run alone (widened GEMMs, its rank), then several
+        batch = warm_up_batches(budget_tokens, max_seq_tokens)[0]  # (gpu_worker/lora_kernel.py)
+        for slot in range(1, len(engine.adapters) + 1):
+            _run(engine, batch, overlapped=True, adapters=[slot] * len(batch))
+        _run(engine, batch, overlapped=True,
+             adapters=[k % (len(engine.adapters) + 1) for k in range(len(batch))])
     cache = engine.prefix_cache
     if cache is not None:  # then emptied: warm-up never counts as a hit
         for batch in cached_warm_up_batches(budget_tokens, max_seq_tokens, cache.min_tokens,
@@ -178,7 +184,8 @@ def triton_variants() -> int:
     """Triton kernels compiled in this process so far, over every specialization of this
     package's kernels (Triton keeps one cache entry per variant)."""
     count = 0
-    for name in ("add_norm_kernel", "fp8_quant_kernel", "gate_up_silu_kernel", "qkv_kernel"):
+    for name in ("add_norm_kernel", "fp8_quant_kernel", "gate_up_silu_kernel", "lora_kernel",
+                 "qkv_kernel"):
         module = sys.modules.get(f"gpu_worker.{name}")
         for value in vars(module).values() if module else ():
             for cache in getattr(value, "device_caches", {}).values():

@@ -96,3 +96,24 @@ def hf_scores(hf, query: list[int], items: list[list[int]] | None) -> list[list[
             logits = hf(torch.tensor([query + item], device="cuda")).logits[0, -1]
         rows.append(torch.log_softmax(logits.float(), -1)[LABELS].tolist())
     return rows
+
+
+def test_after_warm_up_adapter_batches_compile_nothing(qwen3_path, adapters):
+    """A scorer warms its adapters up (gpu_worker/startup.py::warm_up): afterwards batches of one
+    adapter and of several, large and small, compile no Triton kernel."""
+    from gpu_worker.startup import triton_variants, warm_up
+
+    engine = Engine.from_config(qwen3_path, GRAPHS)
+    cfg = ModelConfig.from_folder(qwen3_path)
+    for folder, _ in adapters:
+        engine.add_adapter(load_adapter(folder, cfg, engine.dtype, engine.device))
+    warm_up(engine, 16384, 4096)
+    compiled = triton_variants()
+    rng = random.Random(9)
+    big = [pack_multi_item([rng.randrange(VOCAB) for _ in range(120)],
+                           [[rng.randrange(VOCAB) for _ in range(180)] for _ in range(10)], 0)
+           for _ in range(6)]
+    for slots in ([2] * 6, [1] * 6, [0, 1, 2, 2, 1, 0], [1, 2]):
+        engine.finish(engine.launch(big[:len(slots)], [LABELS] * len(slots), overlapped=True,
+                                    adapters=slots))
+    assert triton_variants() == compiled

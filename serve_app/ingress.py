@@ -5,6 +5,7 @@
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -20,7 +21,7 @@ from ranker_contract.packing import ScoredJob, ScoreJob
 from serve_app.admission import Admission, ReplicaCounts
 from serve_app.auth import KEY_ID_SCOPE, NO_KEY, REFUSED_KEY, KeyStore, RequireApiKey, require_keys
 from serve_app.docs_page import add_offline_docs
-from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, ROUTES, IngressMetrics
+from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, NO_MODEL, ROUTES, IngressMetrics
 from serve_app.protocol import (
     RERANK_EXAMPLE,
     ApiError,
@@ -186,6 +187,14 @@ def _server_timing(started: float, parsed: float, tokenized: float, packed: floa
     return {"Server-Timing": ", ".join(f"{name};dur={s * 1e3:.2f}" for name, s in timing.items())}
 
 
+@dataclass(slots=True)
+class _Seen:
+    """A request's `model` label (NO_MODEL until its model is known) and items scored."""
+
+    model: str = NO_MODEL
+    items: int = 0
+
+
 # NOTE: helpers the class uses are defined above it: serve.ingress pickles a copy of the app
 # and its route functions when it decorates the class, so their globals must exist by then.
 @serve.deployment(**DEFAULT_OPTIONS)
@@ -196,7 +205,8 @@ class ScoreIngress:
         self.path = RequestPath(config)
         self.model_name = config.served_model_name
         keys = KeyStore(config.auth) if config.auth.enabled else None  # bad keys: start fails
-        self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,))
+        self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,),
+                                      self.path.model_names)
         if keys is not None:
             keys.on_reload = self.metrics.declare_keys
         require_keys(keys, self._refused)
@@ -224,9 +234,10 @@ class ScoreIngress:
         started = time.perf_counter()
         status, error_type = 500, "InternalServerError"
         admitted = False
+        seen = _Seen()
         try:
             admitted = self._admit()
-            response = await self._pipeline(route, request, started)
+            response = await self._pipeline(route, request, started, seen)
             status, error_type = response.status_code, None
             return response
         except ApiError as exc:
@@ -239,7 +250,8 @@ class ScoreIngress:
             if admitted:
                 self.admission.leave()
             self.metrics.answered(path, status, time.perf_counter() - started, error_type,
-                                  key=request.scope.get(KEY_ID_SCOPE, NO_KEY))
+                                  key=request.scope.get(KEY_ID_SCOPE, NO_KEY), model=seen.model,
+                                  items=seen.items)
 
     def _admit(self) -> bool:
         """True when this request holds an admission slot (to leave); False with admission off;
@@ -256,11 +268,14 @@ class ScoreIngress:
         if path in ROUTES:
             self.metrics.answered(path, 401, 0.0, ApiError(401, "").kind, key=REFUSED_KEY)
 
-    async def _pipeline(self, route: Route, request: Request, started: float) -> JSONResponse:
+    async def _pipeline(self, route: Route, request: Request, started: float,
+                        seen: _Seen) -> JSONResponse:
         """parse → tokenize → pack → await a scorer → merge → respond, each step timed; the
-        routes differ only in their own steps (serve_app/routes.py)."""
+        routes differ only in their own steps (serve_app/routes.py). `seen`: what the metrics
+        label the request with, filled in as it becomes known."""
         req = route.parse(await request.body())
         adapter = self.path.adapter_of(req.model)
+        seen.model = self.path.model_names[adapter]
         parsed = time.perf_counter()
         tokens = await route.tokenize(req)
         tokenized = time.perf_counter()
@@ -269,6 +284,7 @@ class ScoreIngress:
         job = await self._call_worker(packed_job.job(tokens))
         scored = time.perf_counter()
         body = self.path.respond(route, req, tokens, packed_job, job.results)
+        seen.items = len(tokens.items)
         if tokens.from_text:
             self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
         return JSONResponse(body, headers=_server_timing(started, parsed, tokenized, packed,

@@ -30,45 +30,63 @@ CANCELLED_TYPE = "Cancelled"
 ERRORS = tuple((str(status), ApiError(status, "").kind)
                for status in (400, 401, 404, 413, 500, 503)) + (
     (str(CANCELLED_STATUS), CANCELLED_TYPE),)
+# The `model` label of a request answered before its model was known (unreadable JSON, an
+# unknown name, no API key): a name the caller made up must not become a label value.
+NO_MODEL = "-"
 
 
 class IngressMetrics:
     """`key_ids`: the `key` label values known at start-up (serve_app/auth.py: the API key ids
-    and REFUSED_KEY, or NO_KEY alone while auth is off)."""
+    and REFUSED_KEY, or NO_KEY alone while auth is off). `models`: the names a request's `model`
+    may pick (AppConfig.model_names), each a `model` label value beside NO_MODEL."""
 
-    def __init__(self, key_ids: Iterable[str] = (NO_KEY,)) -> None:
+    def __init__(self, key_ids: Iterable[str] = (NO_KEY,), models: Iterable[str] = ()) -> None:
         self.latency_ms = Histogram("ranker_request_latency_ms", "POST /v1/score, /v1/rerank and "
-                                    "/v2/rerank latency in the ingress, by route and HTTP status",
-                                    boundaries=LATENCY_BUCKETS_MS, tag_keys=("status", "route"))
+                                    "/v2/rerank latency in the ingress, by route, HTTP status "
+                                    "and model", boundaries=LATENCY_BUCKETS_MS,
+                                    tag_keys=("status", "route", "model"))
         self.tokenize_ms = Histogram("ranker_tokenize_ms", "Tokenizing one request's text",
                                      boundaries=TOKENIZE_BUCKETS_MS)
-        self.requests = Counter("ranker_requests", "Requests answered, by route, HTTP status "
-                                "and API key id", tag_keys=("status", "route", "key"))
-        self.errors = Counter("ranker_errors", "Failed requests, by error type, status, route "
-                              "and API key id", tag_keys=("error_type", "status", "route", "key"))
+        self.requests = Counter("ranker_requests", "Requests answered, by route, HTTP status, "
+                                "API key id and model",
+                                tag_keys=("status", "route", "key", "model"))
+        self.errors = Counter("ranker_errors", "Failed requests, by error type, status, route, "
+                              "API key id and model",
+                              tag_keys=("error_type", "status", "route", "key", "model"))
+        self.items = Counter("ranker_items", "Items (rerank: documents) answered with 200, by "
+                             "route and model", tag_keys=("route", "model"))
         self.retries = Counter("ranker_scorer_retries", "Scoring calls sent again to another "
                                "replica because the first replica was lost")
+        self.models = (*models, NO_MODEL)
         self._declared: set[str] = set()
         self.declare_keys(key_ids)
         declare_at_zero(self.retries)
+        for route in ROUTES:
+            for model in models:
+                declare_at_zero(self.items, {"route": route, "model": model})
 
     def declare_keys(self, key_ids: Iterable[str]) -> None:
         """The series of every key id not declared yet, at 0 (also a reloaded key file's)."""
         for key in sorted(set(key_ids) - self._declared):
             for route in ROUTES:
-                declare_at_zero(self.requests, {"status": "200", "route": route, "key": key})
-                for status, error_type in ERRORS:
-                    declare_at_zero(self.requests, {"status": status, "route": route, "key": key})
-                    declare_at_zero(self.errors, {"error_type": error_type, "status": status,
-                                                  "route": route, "key": key})
+                for model in self.models:
+                    tags = {"route": route, "key": key, "model": model}
+                    declare_at_zero(self.requests, {"status": "200", **tags})
+                    for status, error_type in ERRORS:
+                        declare_at_zero(self.requests, {"status": status, **tags})
+                        declare_at_zero(self.errors, {"error_type": error_type,
+                                                      "status": status, **tags})
             self._declared.add(key)
 
     def answered(self, route: str, status: int, seconds: float,
-                 error_type: str | None = None, key: str = NO_KEY) -> None:
-        """One request of `route` from API key id `key` finished with `status` (`error_type`
-        when it failed)."""
-        tags = {"status": str(status), "route": route}
+                 error_type: str | None = None, key: str = NO_KEY, model: str = NO_MODEL,
+                 items: int = 0) -> None:
+        """One request of `route` from API key id `key` for `model` finished with `status`
+        (`error_type` when it failed; `items` answered when it did not)."""
+        tags = {"status": str(status), "route": route, "model": model}
         self.requests.inc(tags={**tags, "key": key})
         if error_type is not None:
             self.errors.inc(tags={"error_type": error_type, **tags, "key": key})
+        elif items:
+            self.items.inc(items, tags={"route": route, "model": model})
         self.latency_ms.observe(seconds * 1e3, tags=tags)

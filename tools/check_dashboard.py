@@ -234,9 +234,10 @@ def check_dashboard_access(svc) -> list[str]:
 
 
 def zero_series() -> dict[str, int]:
-    """Counter series the board plots that must exist at 0 from start-up (one replica each)."""
-    return {"ray_ranker_requests_total": len(ROUTES) * (1 + len(ERRORS)),
-            "ray_ranker_errors_total": len(ROUTES) * len(ERRORS),
+    """Counter series the board plots that must exist at 0 from start-up (one replica each;
+    `model`: the served model and NO_MODEL, the service having no adapters)."""
+    return {"ray_ranker_requests_total": len(ROUTES) * (1 + len(ERRORS)) * 2,
+            "ray_ranker_errors_total": len(ROUTES) * len(ERRORS) * 2,
             "ray_ranker_scorer_retries_total": 1,
             "ray_ranker_items_scored_total": 1,
             "ray_ranker_sequences_dropped_total": 1,

@@ -2,7 +2,7 @@
 `model` (configs/score.yaml on the small random model, with two adapters peft wrote). Each
 adapter scores as HF transformers scores peft's merge_and_unload() of it; requests of the base
 and both adapters sent together (so batches mix them) score as each sent alone; an unknown name
-is a 404 naming `model`."""
+is a 404 naming `model`; the ingress metrics count requests and items by model."""
 
 from __future__ import annotations
 
@@ -17,7 +17,14 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ranker_contract.config import YES_NO_PROMPT
-from tools.service import small_model_config, start_service, stop_service
+from tools.prom import scrape
+from tools.service import (
+    FAST_METRICS_ENV,
+    small_model_config,
+    start_service,
+    stop_service,
+    wait_until,
+)
 
 pytestmark = pytest.mark.service
 
@@ -51,7 +58,7 @@ def service(small_model, rankers):
     config = small_model_config(small_model)
     config["applications"][0]["args"]["adapters"] = [
         {"name": name, "path": str(adapter)} for name, (adapter, _) in rankers.items()]
-    running = start_service(config)
+    running = start_service(config, FAST_METRICS_ENV)
     try:
         yield running
     finally:
@@ -84,6 +91,50 @@ def hf_logprobs(folder, tokenizer_folder, text_pairs):
             logits = model(torch.tensor([ids])).logits[0, -1].float()
         out.append(torch.log_softmax(logits, -1)[LABELS].tolist())
     return out
+
+
+def test_metrics_count_requests_and_items_by_model(service, http):
+    """Every model's series exist from start-up; a request counts under the name it resolved to
+    (no `model`: the served model), one refused before its model was known under "-". First in
+    the module: no other test's requests are still on their way to the metrics."""
+    served = http.get("/v1/models").json()["data"][0]["id"]
+
+    def counts() -> dict[tuple[str, str, str], float]:
+        """(metric, model, status) -> value, summed over replicas, routes and keys."""
+        out: dict[tuple[str, str, str], float] = {}
+        for name, labels, value in scrape(service.metrics_url()):
+            if name in ("ray_ranker_requests_total", "ray_ranker_items_total") and \
+                    labels.get("deployment") == "ScoreIngress":
+                key = (name, labels["model"], labels.get("status", ""))
+                out[key] = out.get(key, 0.0) + value
+        return out
+
+    reads = [counts()]
+    wait_until(lambda: reads.append(counts()) or len({m for _, m, _ in reads[-1]}) == 4, 60,
+               "every model's series declared", service)
+    before = reads[-1]
+    assert {model for _, model, _ in before} == {served, "ranker-a", "ranker-b", "-"}
+    for model in ("ranker-a", "ranker-a", None):
+        score(http, model)
+    assert http.post("/v1/score", json={"query": "q", "items": ["a"], "label_token_ids": LABELS,
+                                        "model": "ranker-z"}).status_code == 404
+    want = {("ray_ranker_requests_total", "ranker-a", "200"): 2,
+            ("ray_ranker_requests_total", served, "200"): 1,
+            ("ray_ranker_requests_total", "-", "404"): 1,
+            ("ray_ranker_items_total", "ranker-a", ""): 2 * len(ITEMS),
+            ("ray_ranker_items_total", served, ""): len(ITEMS),
+            ("ray_ranker_items_total", "ranker-b", ""): 0}
+    seen: dict = {}
+
+    def counted() -> bool:
+        now = counts()
+        seen.update({k: now.get(k, 0) - before.get(k, 0) for k in want})
+        return seen == want
+
+    try:
+        wait_until(counted, 60, "requests and items counted by model", service)
+    except TimeoutError:
+        pytest.fail(f"counted {seen}, not {want}")
 
 
 def test_models_lists_the_model_and_its_adapters(http):

@@ -153,9 +153,8 @@ class LoraBatch:
     """Which rows of the running batch read which adapter, shared by every LoraLinear of one
     engine and set by the engine before each forward: runs (slot, start, end) of consecutive
     tokens of one adapter, and the same of score rows (what the last layer's o_proj and MLP
-    read). A batch sorted by adapter (the scheduler sorts it) has one run per adapter, so each
-    linear adds two small GEMMs per adapter on slices, with no gather; base sequences are in no
-    run and pay nothing."""
+    read). A batch sorted by adapter (the scheduler sorts it) has one run per adapter, which a
+    LoraLinear reads as slices, with no gather; base sequences are in no run and pay nothing."""
 
     def __init__(self) -> None:
         self.tokens: list[tuple[int, int, int]] = []

@@ -11,7 +11,8 @@ gate and up to bf16 first, as the unfused path does. A tile meets every adapter 
 rows' smallest and largest slot; the scheduler sorts a batch by adapter, so that is one or two.
 Adapters are stacked per linear: A [S, R, K] and B [S, out, R], slot s (1-based) at s - 1, R the
 largest padded Σr (gpu_worker/lora.py, RANK_ALIGN). Its torch reference is LoraLinear's slice
-path (gpu_worker/lora.py); tests/gpu/test_triton_kernels.py compares the two. Hopper or newer.
+path (gpu_worker/lora.py): tests/gpu/test_triton_kernels.py holds the kernels to that path's
+distance from float64. Hopper or newer.
 """
 
 from __future__ import annotations

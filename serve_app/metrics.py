@@ -53,8 +53,8 @@ class IngressMetrics:
         self.errors = Counter("ranker_errors", "Failed requests, by error type, status, route, "
                               "API key id and model",
                               tag_keys=("error_type", "status", "route", "key", "model"))
-        self.items = Counter("ranker_items", "Items (rerank: documents) answered with 200, by "
-                             "route and model", tag_keys=("route", "model"))
+        self.items = Counter("ranker_items", "Items (rerank: document chunks) answered with "
+                             "200, by route and model", tag_keys=("route", "model"))
         self.retries = Counter("ranker_scorer_retries", "Scoring calls sent again to another "
                                "replica because the first replica was lost")
         self.models = (*models, NO_MODEL)

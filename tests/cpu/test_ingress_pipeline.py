@@ -39,9 +39,10 @@ class _Metrics:
         self.tokenize_ms = SimpleNamespace(observe=lambda ms: self.tokenized.append(ms))
         self.tokenized = []
 
-    def answered(self, route, status, seconds, error_type=None, key="none") -> None:
+    def answered(self, route, status, seconds, error_type=None, key="none", model="-",
+                 items=0) -> None:
         assert key == "none"  # auth is off: no API key id
-        self.answered_as.append((route, status, error_type))
+        self.answered_as.append((route, status, error_type, model, items))
 
 
 class _Request:
@@ -66,6 +67,9 @@ def ingress():
     return instance
 
 
+SERVED = AppConfig().served_model_name  # no `model` in a request: the model itself
+
+
 def _post(ingress, path: str, body: dict):
     ingress.worker, ingress.metrics = _Scorer(), _Metrics()
     route = {"/v1/score": ingress.path.score, "/v1/rerank": ingress.path.rerank["1"],
@@ -85,7 +89,7 @@ def test_score_with_token_ids(ingress):
     assert body["usage"]["prompt_tokens"] == (2 + 1) + (1 + 1) + (2 + 1)  # Q D, I_1 D, I_2 D
     assert ingress.worker.jobs[0].label_ids == [7, 8]
     assert _timing_parts(response) == TIMING_PARTS
-    assert ingress.metrics.answered_as == [("/v1/score", 200, None)]
+    assert ingress.metrics.answered_as == [("/v1/score", 200, None, SERVED, 2)]
     assert ingress.metrics.tokenized == []  # token ids: nothing tokenized, nothing observed
 
 
@@ -98,7 +102,7 @@ def test_rerank_of_text(ingress, path, version):
     assert body["meta"]["api_version"] == {"version": version}
     assert ingress.worker.jobs[0].label_ids == ingress.path.rerank[version].prompter.label_ids
     assert _timing_parts(response) == TIMING_PARTS
-    assert ingress.metrics.answered_as == [(path, 200, None)]
+    assert ingress.metrics.answered_as == [(path, 200, None, SERVED, 2)]
     assert len(ingress.metrics.tokenized) == 1
 
 
@@ -111,5 +115,13 @@ def test_a_part_too_long_is_named_as_its_route_calls_it(ingress, path, body, par
     with pytest.raises(ApiError) as caught:
         _post(ingress, path, body)
     assert caught.value.status == 400 and caught.value.param == param
-    assert ingress.metrics.answered_as == [(path, 400, "BadRequestError")]
+    # refused after its model was read: counted under it, no items
+    assert ingress.metrics.answered_as == [(path, 400, "BadRequestError", SERVED, 0)]
     assert ingress.worker.jobs == []  # refused before the scorer
+
+
+def test_a_request_refused_before_its_model_is_known_is_counted_under_no_model(ingress):
+    with pytest.raises(ApiError) as caught:
+        _post(ingress, "/v1/score", {"query": [1], "items": "not a list"})
+    assert caught.value.status == 400
+    assert ingress.metrics.answered_as == [("/v1/score", 400, "BadRequestError", "-", 0)]

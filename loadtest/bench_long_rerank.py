@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from tools.configs import shipped_yaml
-from tools.service import start_service, stop_service
+from tools.service import serving
 from tools.workload import WORDS
 
 SHAPES = {"many_short": (10_000, 64), "long": (100, 8_000), "chunked": (10, 40_000)}
@@ -45,35 +45,32 @@ def main() -> int:
     p.add_argument("--commit", help="the commit measured (default: git HEAD)")
     args = p.parse_args()
     rng = random.Random(0)
-    service = start_service(shipped_yaml(args.config))
     results = {}
-    try:
-        with httpx.Client(base_url=service.url, timeout=120) as client:
-            for name, (documents, words) in SHAPES.items():
-                body = {"query": text(rng, QUERY_WORDS), "top_n": 10,
-                        "documents": [text(rng, words) for _ in range(documents)]}
-                seconds, answer = [], None
-                for attempt in range(args.repeats + 1):
-                    started = time.perf_counter()
-                    r = client.post("/v2/rerank", json=body)
-                    elapsed = time.perf_counter() - started
-                    if r.status_code != 200:
-                        sys.exit(f"{name}: {r.status_code} {r.text[:500]}\nservice log:\n"
-                                 f"{service.log[-3000:]}")
-                    answer = r.json()
-                    if attempt:  # the first one warms up
-                        seconds.append(elapsed)
-                results[name] = {"documents": documents, "words_per_document": words,
-                                 "total_tokens": answer["usage"]["total_tokens"],
-                                 "best_chunks_reported": sum("best_chunk" in x
-                                                             for x in answer["results"]),
-                                 "seconds": [round(s, 3) for s in seconds],
-                                 "median_s": round(statistics.median(seconds), 3)}
-                print(f"{name:12s} {documents:6d} docs × {words:6d} words: "
-                      f"{answer['usage']['total_tokens']:9d} tokens, median "
-                      f"{results[name]['median_s']:.3f} s")
-    finally:
-        stop_service(service)
+    with serving(shipped_yaml(args.config)) as service, \
+            httpx.Client(base_url=service.url, timeout=120) as client:
+        for name, (documents, words) in SHAPES.items():
+            body = {"query": text(rng, QUERY_WORDS), "top_n": 10,
+                    "documents": [text(rng, words) for _ in range(documents)]}
+            seconds, answer = [], None
+            for attempt in range(args.repeats + 1):
+                started = time.perf_counter()
+                r = client.post("/v2/rerank", json=body)
+                elapsed = time.perf_counter() - started
+                if r.status_code != 200:
+                    sys.exit(f"{name}: {r.status_code} {r.text[:500]}\nservice log:\n"
+                             f"{service.log[-3000:]}")
+                answer = r.json()
+                if attempt:  # the first one warms up
+                    seconds.append(elapsed)
+            results[name] = {"documents": documents, "words_per_document": words,
+                             "total_tokens": answer["usage"]["total_tokens"],
+                             "best_chunks_reported": sum("best_chunk" in x
+                                                         for x in answer["results"]),
+                             "seconds": [round(s, 3) for s in seconds],
+                             "median_s": round(statistics.median(seconds), 3)}
+            print(f"{name:12s} {documents:6d} docs × {words:6d} words: "
+                  f"{answer['usage']['total_tokens']:9d} tokens, median "
+                  f"{results[name]['median_s']:.3f} s")
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                            capture_output=True, text=True).stdout.strip()
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],

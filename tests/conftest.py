@@ -8,13 +8,7 @@ import pytest
 
 from tools.configs import shipped_yaml
 from tools.random_model import make_random_model
-from tools.service import (
-    FAST_METRICS_ENV,
-    deployment,
-    small_model_config,
-    start_service,
-    stop_service,
-)
+from tools.service import FAST_METRICS_ENV, deployment, serving, small_model_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -52,11 +46,8 @@ def served(api_keys_file):
     ingress = deployment(config, "ScoreIngress")
     ingress.pop("autoscaling_config")
     ingress["num_replicas"] = 2
-    service = start_service(config, FAST_METRICS_ENV)  # metrics every second, not ten
-    try:
+    with serving(config, FAST_METRICS_ENV) as service:  # metrics every second, not ten
         yield service
-    finally:
-        stop_service(service)
 
 
 @pytest.fixture(scope="session")
@@ -84,11 +75,8 @@ def small_server_url(small_model):
     stopped after the module that uses it (no idle Ray instance beside the load tests):
     a request split into several sequences costs a fraction of a second here, where the real
     model needs 25-40 s of CPU for the 4,097 tokens that split under the shipped 4,096."""
-    service = start_service(small_model_config(small_model))
-    try:
+    with serving(small_model_config(small_model)) as service:
         yield service.url
-    finally:
-        stop_service(service)
 
 
 # Fixtures above that start the Serve app: a test using one is in the slow tier.

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +149,16 @@ def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Serv
         stop_service(service)
         raise
     return service
+
+
+@contextmanager
+def serving(config: dict, extra_env: dict[str, str] | None = None) -> Iterator[Service]:
+    """start_service, stopped on leaving the block (an error included)."""
+    service = start_service(config, extra_env)
+    try:
+        yield service
+    finally:
+        stop_service(service)
 
 
 def _healthy(service: Service) -> bool:

@@ -122,11 +122,8 @@ def service_url(default_model_path):
     config = tooling.small_model_config(default_model_path)
     config["applications"][0]["args"]["rerank"] = {"template": "yes_no",
                                                    "classifier_from_labels": True}
-    service = tooling.start_service(config)
-    try:
+    with tooling.serving(config) as service:
         yield service.url
-    finally:
-        tooling.stop_service(service)
 
 
 @pytest.mark.service

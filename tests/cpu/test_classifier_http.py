@@ -39,14 +39,11 @@ def svc(request, tiny_classifier):
     path = tiny_classifier(name, vocab, tokenizer_files())
     config = tooling.small_model_config(path)
     config["applications"][0]["args"]["rerank"] = {"template": template}
-    service = tooling.start_service(config)
-    hf = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
-    try:
-        with httpx.Client(base_url=service.url, timeout=120) as client:
-            yield dict(client=client, hf=hf, classes=hf.config.num_labels, template=template,
-                       tokenizer=AutoTokenizer.from_pretrained(path, local_files_only=True))
-    finally:
-        tooling.stop_service(service)
+    with tooling.serving(config) as service, \
+            httpx.Client(base_url=service.url, timeout=120) as client:
+        hf = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+        yield dict(client=client, hf=hf, classes=hf.config.num_labels, template=template,
+                   tokenizer=AutoTokenizer.from_pretrained(path, local_files_only=True))
 
 
 def _hf_logits(hf, ids: list[int]) -> list[float]:

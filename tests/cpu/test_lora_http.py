@@ -18,13 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ranker_contract.config import YES_NO_PROMPT
 from tools.prom import scrape
-from tools.service import (
-    FAST_METRICS_ENV,
-    small_model_config,
-    start_service,
-    stop_service,
-    wait_until,
-)
+from tools.service import FAST_METRICS_ENV, serving, small_model_config, wait_until
 
 pytestmark = pytest.mark.service
 
@@ -58,11 +52,8 @@ def service(small_model, rankers):
     config = small_model_config(small_model)
     config["applications"][0]["args"]["adapters"] = [
         {"name": name, "path": str(adapter)} for name, (adapter, _) in rankers.items()]
-    running = start_service(config, FAST_METRICS_ENV)
-    try:
+    with serving(config, FAST_METRICS_ENV) as running:
         yield running
-    finally:
-        stop_service(running)
 
 
 @pytest.fixture(scope="module")

@@ -45,9 +45,8 @@ def service(small_model):
         max_ongoing_requests=MAX_ONGOING, max_queued_requests=MAX_QUEUED,
         backpressure_config={"status_code": 503, "retry_after_s": 1})
     keys = f"load:{API_KEY},other:{secrets.token_urlsafe(24)}"  # entries: comma-separated
-    svc = tooling.start_service(config, {**tooling.FAST_METRICS_ENV, KEYS_ENV: keys})
-    yield svc
-    tooling.stop_service(svc)
+    with tooling.serving(config, {**tooling.FAST_METRICS_ENV, KEYS_ENV: keys}) as svc:
+        yield svc
 
 
 def _quiet(svc) -> bool:

@@ -19,7 +19,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from ranker_contract.config import YES_NO_PROMPT
-from tools.service import small_model_config, start_service, stop_service
+from tools.service import serving, small_model_config
 
 pytestmark = pytest.mark.service
 
@@ -42,11 +42,8 @@ def service(small_model):
     # Cohere's per-request limits, as the shipped configs have them: 10,000 documents.
     config["applications"][0]["args"]["limits"].update(max_tokens_per_request=1 << 20,
                                                        max_items_per_request=10_000)
-    running = start_service(config)
-    try:
+    with serving(config) as running:
         yield running
-    finally:
-        stop_service(running)
 
 
 @pytest.fixture(scope="module")

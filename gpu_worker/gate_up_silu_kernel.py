@@ -22,12 +22,11 @@ BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 128, 128, 64, 8
 NUM_STAGES, NUM_WARPS = 3, 8
 
 
-@triton.jit(do_not_specialize=["M"])  # one compile, whatever the batch size
-def _gate_up_silu_kernel(x_desc, w_desc, out_desc, M, N: tl.constexpr, K: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr):
-    # Grouped ordering: GROUP_M row tiles sweep the N tiles together, so their x rows and the
-    # weight tiles stay in L2.
+@triton.jit
+def tile_origin(M, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                GROUP_M: tl.constexpr):
+    """(first row, first column) of this program's output tile, in grouped order: GROUP_M row
+    tiles sweep the N tiles together, so their x rows and the weight tiles stay in L2."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n: tl.constexpr = N // BLOCK_N
@@ -36,7 +35,14 @@ def _gate_up_silu_kernel(x_desc, w_desc, out_desc, M, N: tl.constexpr, K: tl.con
     group_m = min(num_pid_m - first_m, GROUP_M)
     pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
     pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
-    om, on = pid_m * BLOCK_M, pid_n * BLOCK_N
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@triton.jit(do_not_specialize=["M"])  # one compile, whatever the batch size
+def _gate_up_silu_kernel(x_desc, w_desc, out_desc, M, N: tl.constexpr, K: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr):
+    om, on = tile_origin(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -22,7 +22,15 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gpu_worker.gate_up_silu_kernel import BLOCK_K, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, NUM_WARPS
+from gpu_worker.gate_up_silu_kernel import (
+    BLOCK_K,
+    BLOCK_M,
+    BLOCK_N,
+    GROUP_M,
+    NUM_STAGES,
+    NUM_WARPS,
+    tile_origin,
+)
 
 # Without SwiGLU's second accumulator, one twice as wide: the same registers, the same tile of
 # output work per program as the gate/up kernel's.
@@ -67,15 +75,7 @@ def _lora_linear_kernel(x_desc, w_desc, t_ptr, b_ptr, slot_ptr, bias_ptr, out_pt
                         SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                         NO_SLOT: tl.constexpr):
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n: tl.constexpr = N // BLOCK_N
-    group = pid // (GROUP_M * num_pid_n)
-    first_m = group * GROUP_M
-    group_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
-    pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
-    om, on = pid_m * BLOCK_M, pid_n * BLOCK_N
+    om, on = tile_origin(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -34,7 +34,8 @@ class ScoreWorker:
         self.capacity_tokens_per_s = scorer.budget.capacity_tokens_per_s
         self.scheduler = scorer.scheduler
         cache = scorer.engine.prefix_cache
-        self.metrics = WorkerMetrics(self.scheduler, cache.stats if cache else None)
+        self.metrics = WorkerMetrics(self.scheduler, cache.stats if cache else None,
+                                     config.model_names)
         # refused and computed tokens at the last stats report, and when it was
         self._last_report = (0, 0, time.monotonic())
         logger.info("ScoreWorker ready: %s", config)

@@ -26,7 +26,8 @@ from gpu_worker.model import AttentionBackend, CausalLMForScoring
 from gpu_worker.ops import CudaOps, TorchOps
 from gpu_worker.prefix_cache import CachePlan, InsertingAttention, PrefixCache
 from gpu_worker.startup import check_pool_fits
-from ranker_contract.config import EngineConfig
+from ranker_contract.config import EngineConfig, LoraConfig
+from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import PackedSequence
 
 
@@ -67,7 +68,9 @@ class Engine:
     tests' reference); otherwise the device decides (docs/ARCHITECTURE.md, "Engine")."""
 
     def __init__(self, model: CausalLMForScoring, device: torch.device,
-                 cfg: EngineConfig | None = None, *, reference: bool = False) -> None:
+                 cfg: EngineConfig | None = None, *, reference: bool = False,
+                 lora: LoraConfig | None = None) -> None:
+        """`lora`: adapter slots to allocate (put_adapter fills them); None: the model alone."""
         cfg = cfg or EngineConfig()
         fused = device.type == "cuda" and not reference
         if cfg.cuda_graphs.enabled and not fused:
@@ -89,35 +92,62 @@ class Engine:
         pool = self.prefix_cache.kv if self.prefix_cache else None
         self.attention: AttentionBackend = (FlashInferAttention(mcfg, device, pool) if fused
                                             else TorchAttention(device, pool))
-        self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graphs.token_buckets),
-                                  self.dtype, device) if cfg.cuda_graphs.enabled else None)
-        self.adapters: list[Adapter] = []  # slot k + 1 is adapters[k]
-        self.lora: LoraBatch | None = None  # with the first adapter
+        # Adapters: slot k + 1 holds adapters[k] (None: empty). The slots are allocated before
+        # the graphs, which read them, and before the batch budget is measured.
+        self.adapters: list[Adapter | None] = []
+        self.lora: LoraBatch | None = None
         self._lora_linears: dict = {}  # (layer, packed linear name) -> its LoraLinear
-        # Adapters through the Triton kernels (gpu_worker/lora_kernel.py) where the fused gate/up
-        # kernel runs (its tiles, Hopper); elsewhere LoraLinear's slice path
-        self._lora_kernels = self.ops.fused_gate_up
+        self.max_rank = 0
+        if lora is not None:
+            self.lora = LoraBatch()
+            # the Triton kernels (gpu_worker/lora_kernel.py) where the fused gate/up kernel
+            # runs (its tiles, Hopper); elsewhere LoraLinear's slice path only
+            self._lora_linears = lora_linears(model, self.lora, lora.slots, lora.max_rank,
+                                              self.ops.fused_gate_up)
+            self.adapters = [None] * lora.slots
+            self.max_rank = lora.max_rank
+        self._lora_kernels = any(x.kernels for x in self._lora_linears.values())
+        # LoRA graphs need every linear on the kernels: a graph's rows name their slots
+        lora_graphs = self._lora_kernels and all(x.kernels for x in self._lora_linears.values())
+        self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graphs.token_buckets),
+                                  self.dtype, device, self.lora if lora_graphs else None)
+                       if cfg.cuda_graphs.enabled else None)
+
+    def put_adapter(self, slot: int, adapter: Adapter) -> None:
+        """Load a LoRA adapter (gpu_worker/lora.py) into `slot` (1 up to the configured slots;
+        0 is the model alone), over the adapter it held. Queued on the device after every batch
+        launched before: the caller must launch no batch naming the old adapter after this."""
+        if not 1 <= slot <= len(self.adapters):
+            raise ValueError(f"adapter slot {slot}: this engine has {len(self.adapters)} slots")
+        self.check_adapter(adapter)
+        for key, linear in self._lora_linears.items():
+            linear.put(slot, adapter.pairs.get(key))
+        self.adapters[slot - 1] = adapter
+
+    def check_adapter(self, adapter: Adapter) -> None:
+        """Raise ModelFolderError where this engine's slots cannot hold the adapter."""
+        if adapter.head is not None:
+            raise ModelFolderError(f"{adapter.folder}: an adapter with its own classification "
+                                   "head (modules_to_save) is not supported yet")
+        if adapter.rank > self.max_rank:
+            raise ModelFolderError(f"{adapter.folder}: rank {adapter.rank} is above "
+                                   f"lora.max_rank {self.max_rank}")
 
     def add_adapter(self, adapter: Adapter) -> int:
-        """Load a LoRA adapter (gpu_worker/lora.py); returns its slot, the number a batch names
-        it by (0 is the base model). The first one puts a LoraLinear in place of each linear."""
-        if adapter.head is not None:
-            raise ValueError(f"{adapter.folder}: an adapter with its own classification head "
-                             "(modules_to_save) is not supported yet")
-        if self.lora is None:
-            self.lora = LoraBatch()
-            self._lora_linears = lora_linears(self.model, self.lora, self._lora_kernels)
-        slot = len(self.adapters) + 1
-        for key, lora in self._lora_linears.items():
-            lora.add(slot, adapter.pairs.get(key))
-        self.adapters.append(adapter)
+        """Load an adapter into the first empty slot; returns the slot."""
+        if None not in self.adapters:
+            raise ValueError(f"all {len(self.adapters)} adapter slots are full")
+        slot = self.adapters.index(None) + 1
+        self.put_adapter(slot, adapter)
         return slot
 
     @classmethod
     def from_config(cls, model_path: str | Path, cfg: EngineConfig,
-                    head_from_labels: tuple[int, int] | None = None) -> Engine:
+                    head_from_labels: tuple[int, int] | None = None,
+                    lora: LoraConfig | None = None) -> Engine:
         """Load the model folder onto the configured device, each linear in the configured
-        precision (`head_from_labels`: see gpu_worker/loader.py::load_model)."""
+        precision (`head_from_labels`: see gpu_worker/loader.py::load_model; `lora`: adapter
+        slots)."""
         if cfg.device == "cpu":
             torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
         elif not torch.cuda.is_available():
@@ -129,7 +159,7 @@ class Engine:
                            cfg.fp8.dequantize_checkpoint, head_from_labels)
         if cfg.precision == "fp8":  # each linear's precision, fixed before anything runs
             quantize_model(model, cfg.fp8)
-        return cls(model, device, cfg)
+        return cls(model, device, cfg, lora=lora)
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
                *, overlapped: bool = False, use_cache: bool = True,
@@ -139,13 +169,16 @@ class Engine:
         hide behind it; a CUDA graph pays only when they would not (its fixed tiles and padding
         cost more GPU time than the eager kernels; docs/ARCHITECTURE.md, "CUDA graphs").
         `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache.
-        `adapters`: per sequence, the slot of its LoRA adapter (add_adapter; 0 the base); a batch
-        with any runs eagerly and without the prefix cache, whose K/V are the base model's."""
+        `adapters`: per sequence, the slot of its LoRA adapter (put_adapter; 0 the base); a batch
+        with any runs without the prefix cache, whose K/V are the base model's, and eagerly
+        unless the graphs were captured with LoRA (on Hopper)."""
         with_lora = adapters is not None and any(adapters)
-        if with_lora and not 0 <= min(adapters) <= max(adapters) <= len(self.adapters):
-            raise ValueError(f"adapter slots {sorted(set(adapters))}: this engine has "
-                             f"{len(self.adapters)} adapters")
-        plan = self.plan(sequences, label_ids_per_sequence, overlapped or with_lora,
+        if with_lora and any(slot and (slot > len(self.adapters) or self.adapters[slot - 1]
+                                       is None) for slot in adapters):
+            raise ValueError(f"adapter slots {sorted(set(adapters))}: this engine holds "
+                             f"adapters in {[k + 1 for k, a in enumerate(self.adapters) if a]}")
+        eager = with_lora and not (self.graphs is not None and self.graphs.lora)
+        plan = self.plan(sequences, label_ids_per_sequence, overlapped or eager,
                          use_cache and not with_lora)
         plan.adapters = adapters if with_lora else None
         return self._replay(plan) if plan.graph is not None else self._run_eager(plan)
@@ -171,7 +204,9 @@ class Engine:
 
     def _replay(self, plan: BatchPlan) -> Step:
         out, keep = self.graphs.launch(plan.graph, plan.sequences,
-                                       *_host_metadata(plan.sequences, plan.label_ids))
+                                       *_host_metadata(plan.sequences, plan.label_ids),
+                                       lora_slots=(self._lora_slot_lists(plan)
+                                                   if plan.adapters else None))
         return self._read_back(out, keep, plan.items_and_labels)
 
     def _run_eager(self, plan: BatchPlan) -> Step:
@@ -181,6 +216,9 @@ class Engine:
         on_cuda = self.device.type == "cuda"
         if self.lora is not None:
             self._set_lora_batch(plan)
+            # several adapters: the kernels, which read each row's slot (gpu_worker/lora.py)
+            self.lora.kernels = (self._lora_kernels
+                                 and len({s for s, _, _ in self.lora.tokens}) > 1)
         # [T], [T], [R], [N], [N], then the rows and slots the cache inserts (empty without),
         # then each token's and each score row's adapter slot for the LoRA kernels (else empty)
         lists = (input_ids, positions, score_rows, label_rows, label_ids,

@@ -8,6 +8,11 @@ into an attention request of their own
 entries point at row 0 / token 0, and only the first N outputs are read back. Delimiter
 positions come from the ingress, never from token values, so padding cannot create false item
 boundaries. Larger batches run eagerly (docs/ARCHITECTURE.md, "CUDA graphs").
+
+With LoRA adapter slots (gpu_worker/lora.py), each bucket is captured twice on the same inputs:
+as the model alone, which batches of the model alone replay, and through the LoRA kernels
+(gpu_worker/lora_kernel.py), whose inputs include each token's and each score row's slot
+(padding: 0, none), which any batch with an adapter replays.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from gpu_worker.attention_flashinfer import WORKSPACE_BYTES, FlashInferGraphAttention
 from gpu_worker.host_tensors import padded_int64_tensor
+from gpu_worker.lora import LoraBatch
 from gpu_worker.model import CausalLMForScoring, Ops
 from ranker_contract.packing import PackedSequence
 
@@ -35,14 +41,20 @@ class _Graph:
     rows: int
     labels: int
     attention: FlashInferGraphAttention
-    meta: torch.Tensor  # int64 [2 * tokens + rows + 2 * labels]: the inputs, one copy per batch
+    # int64 [2 * tokens + rows + 2 * labels (+ tokens + rows with LoRA)]: the inputs, one copy
+    # per batch
+    meta: torch.Tensor
     out: torch.Tensor  # [labels] fp32 label log-probs (the first N are the batch's)
     graph: torch.cuda.CUDAGraph
+    lora_graph: torch.cuda.CUDAGraph | None  # the same through the LoRA kernels; out the same
 
 
 class CudaGraphs:
     def __init__(self, model: CausalLMForScoring, ops: Ops, token_buckets: list[int],
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, lora: LoraBatch | None = None
+                 ) -> None:
+        """`lora`: the LoraBatch of the model's LoraLinears, every one of them on the kernels;
+        None: no LoRA graphs."""
         started = time.perf_counter()
         free_before, _ = torch.cuda.mem_get_info()
         self.dtype = dtype
@@ -59,13 +71,15 @@ class CudaGraphs:
                                                      kv_capacity=tokens * (rows + 1),
                                                      workspace_gpu=workspace)
                 self.graphs.append(_capture(model, ops, attention, tokens, rows, dtype, pool,
-                                            device))
+                                            device, lora))
         self.graphs.sort(key=lambda g: (g.tokens, g.rows))
         torch.cuda.synchronize()
         used = free_before - torch.cuda.mem_get_info()[0]
-        logger.info("captured %d CUDA graphs (token buckets %s, row buckets %s) in %.1f s, "
+        self.lora = lora is not None
+        logger.info("captured %d CUDA graphs (token buckets %s, row buckets %s%s) in %.1f s, "
                     "%.0f MiB", len(self.graphs), sorted(token_buckets), ROW_BUCKETS,
-                    time.perf_counter() - started, used / 2**20)
+                    ", each also with LoRA" if lora else "", time.perf_counter() - started,
+                    used / 2**20)
 
     def pick(self, sequences: list[PackedSequence], rows: int, labels: int) -> _Graph | None:
         """The smallest captured graph that holds the batch, or None (run it eagerly)."""
@@ -77,23 +91,30 @@ class CudaGraphs:
 
     def launch(self, g: _Graph, sequences: list[PackedSequence], input_ids: list[int],
                positions: list[int], score_rows: list[int], label_rows: list[int],
-               label_ids: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Queue the batch on graph `g`: returns (its [N] log-probs, tensors to keep alive)."""
-        host = padded_int64_tensor([(input_ids, g.tokens), (positions, g.tokens),
-                                    (score_rows, g.rows), (label_rows, g.labels),
-                                    (label_ids, g.labels)], pin=True)
+               label_ids: list[int], lora_slots: tuple[list[int], list[int]] | None = None
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Queue the batch on graph `g`: returns (its [N] log-probs, tensors to keep alive).
+        `lora_slots`: each token's and each score row's adapter slot (the LoRA graph), or None
+        (the model alone)."""
+        lists = [(input_ids, g.tokens), (positions, g.tokens), (score_rows, g.rows),
+                 (label_rows, g.labels), (label_ids, g.labels)]
+        if g.lora_graph is not None:  # slots 0 (none) where the model alone replays
+            token_slots, row_slots = lora_slots or ([], [])
+            lists += [(token_slots, g.tokens), (row_slots, g.rows)]
+        host = padded_int64_tensor(lists, pin=True)
         g.meta.copy_(host, non_blocking=True)
         keep = g.attention.plan(sequences, self.dtype)
-        g.graph.replay()
+        (g.graph if lora_slots is None else g.lora_graph).replay()
         return g.out[: len(label_ids)], (host, *keep)
 
 
 def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAttention,
-             tokens: int, rows: int, dtype: torch.dtype, pool, device: torch.device) -> _Graph:
+             tokens: int, rows: int, dtype: torch.dtype, pool, device: torch.device,
+             lora: LoraBatch | None) -> _Graph:
     labels = rows * LABELS_PER_ROW
-    meta = torch.zeros(2 * tokens + rows + 2 * labels, dtype=torch.int64, device=device)
-    ids, positions, score_rows, label_rows, label_ids = meta.split(
-        [tokens, tokens, rows, labels, labels])
+    sizes = [tokens, tokens, rows, labels, labels] + ([tokens, rows] if lora else [])
+    meta = torch.zeros(sum(sizes), dtype=torch.int64, device=device)
+    ids, positions, score_rows, label_rows, label_ids, *slots = meta.split(sizes)
     # all padding: the shapes are what matter
     attention.plan([], dtype)
 
@@ -101,12 +122,30 @@ def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAtte
         hidden = model.model(ids, positions, score_rows, ops, attention)
         return model.label_logprobs(hidden, label_rows, label_ids)
 
-    side = torch.cuda.Stream()  # warm-up (Triton/JIT compiles, allocator) off the capture
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.inference_mode():
-        forward()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
-        out = forward()
-    return _Graph(tokens, rows, labels, attention, meta, out, graph)
+    def capture(run) -> torch.cuda.CUDAGraph:
+        side = torch.cuda.Stream()  # warm-up (Triton/JIT compiles, allocator) off the capture
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
+            run()
+        return graph
+
+    captured = {}  # the output of the forward the graph holds
+
+    def the_model_alone() -> None:
+        captured["out"] = forward()
+
+    graph = capture(the_model_alone)
+    out = captured["out"]
+    lora_graph = None
+    if lora is not None:  # the same inputs and output, every linear through the kernels
+        lora.kernels = lora.capturing = True
+        lora.token_slots, lora.row_slots = slots
+        try:
+            lora_graph = capture(lambda: out.copy_(forward()))
+        finally:
+            lora.kernels = lora.capturing = False
+    return _Graph(tokens, rows, labels, attention, meta, out, graph, lora_graph)

@@ -7,19 +7,21 @@ rsLoRA). The engine packs q/k/v into one `qkv_proj` and gate/up into one `gate_u
 the parts, which read the same input, stacked into one [Σr, in]; the B matrices placed block-
 diagonally into one [Σout, Σr], each part's rows against its own A rows, a part the adapter
 leaves out being a zero block. Then `B_packed A_packed` is exactly the stack of each part's
-`B A`, and the scaling is folded into B once. Σr is padded with zeros to a multiple of
-RANK_ALIGN (a zero row of A meets a zero column of B: the product is unchanged), so the widened
-GEMMs below keep the tile-aligned K the fused gate/up kernel needs, and one compiled variant
-serves every rank up to it. A `modules_to_save` head (a classifier's `score.weight`) is read
+`B A`, and the scaling is folded into B once. An engine's slots (LoraLinear) are Σr wide at the
+configured largest rank, padded to a multiple of RANK_ALIGN; an adapter fills its Σr rows and
+the rest are zeros (a zero row of A meets a zero column of B: the product is unchanged), so the
+widened GEMMs below keep the tile-aligned K the fused gate/up kernel needs, and one compiled
+variant serves every adapter. A `modules_to_save` head (a classifier's `score.weight`) is read
 and checked too; the engine refuses such an adapter for now.
 
-`LoraLinear` applies the adapters of a batch beside the base weights (Engine.add_adapter puts
-it in place of each linear). Where the output is wider than the input (qkv, gate/up), an
-adapter's rows run one GEMM with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ, which costs
-copies of x and W; elsewhere (o, down) the delta is added to the output afterwards, which reads
-and writes the output once more: each picks the smaller tensor to move. A batch of several
-adapters would pay those copies per adapter: on Hopper it runs through gpu_worker/lora_kernel.py
-instead (docs/ARCHITECTURE.md, "LoRA adapters").
+`LoraLinear` applies the adapters of a batch beside the base weights (an engine built with
+adapter slots puts one in place of each linear). Where the output is wider than the input (qkv,
+gate/up), an adapter's rows run one GEMM with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ,
+which costs copies of x and W; elsewhere (o, down) the delta is added to the output afterwards,
+which reads and writes the output once more: each picks the smaller tensor to move. A batch of
+several adapters would pay those copies per adapter, and a CUDA graph cannot cut its rows at
+runs known only at replay: on Hopper both run through gpu_worker/lora_kernel.py instead
+(docs/ARCHITECTURE.md, "LoRA adapters").
 """
 
 from __future__ import annotations
@@ -54,13 +56,6 @@ class LoraPair:
 
     a: torch.Tensor  # [Σ rank of the parts, in]
     b: torch.Tensor  # [out, Σ rank of the parts]
-
-    @classmethod
-    def aligned(cls, a: torch.Tensor, b: torch.Tensor) -> LoraPair:
-        """The pair with Σr padded with zeros to a multiple of RANK_ALIGN (module docstring)."""
-        pad = -a.shape[0] % RANK_ALIGN
-        return cls(torch.cat([a, a.new_zeros(pad, a.shape[1])]),
-                   torch.cat([b, b.new_zeros(b.shape[0], pad)], dim=1))
 
     def delta_weight(self) -> torch.Tensor:
         """What merging adds to the packed weight: [out, in]."""
@@ -146,7 +141,7 @@ def _packed_pair(folder: Path, layer: int, packed: str, found: dict[int, dict[st
     b = torch.zeros(sum(sizes), rank_at)
     for out, at, block in blocks:
         b[out:out + block.shape[0], at:at + block.shape[1]] = block
-    return LoraPair.aligned(torch.cat(a_rows).to(device, dtype), b.to(device, dtype))
+    return LoraPair(torch.cat(a_rows).to(device, dtype), b.to(device, dtype))
 
 
 class LoraBatch:
@@ -154,57 +149,76 @@ class LoraBatch:
     engine and set by the engine before each forward: runs (slot, start, end) of consecutive
     tokens of one adapter, and the same of score rows (what the last layer's o_proj and MLP
     read). A batch sorted by adapter (the scheduler sorts it) has one run per adapter, which a
-    LoraLinear reads as slices, with no gather; base sequences are in no run and pay nothing."""
+    LoraLinear reads as slices, with no gather; base sequences are in no run and pay nothing.
+    `kernels`: the batch runs through gpu_worker/lora_kernel.py instead, reading each row's
+    slot from `token_slots`/`row_slots` (a batch of several adapters, or a CUDA graph being
+    captured, whose rows' slots are its inputs: every linear then runs its kernels)."""
 
     def __init__(self) -> None:
         self.tokens: list[tuple[int, int, int]] = []
         self.rows: list[tuple[int, int, int]] = []
+        self.kernels = False
+        self.capturing = False  # a CUDA graph: every row may name any slot at replay
         # for the kernels: each token's and each score row's slot, on the device (0: none)
         self.token_slots: torch.Tensor | None = None
         self.row_slots: torch.Tensor | None = None
 
 
-class LoraLinear(Linear):
-    """A bf16 decoder linear plus the adapters loaded into its engine: x Wᵀ (+ b), and for each
-    run of one adapter's rows in the batch, (x Aᵀ) Bᵀ added to those rows. `reads_rows`: this
-    linear sees the batch's score rows, not its tokens (the last layer's o_proj, gate/up and
-    down: gpu_worker/model.py)."""
+def slot_rank(packed: str, max_rank: int) -> int:
+    """The width of one packed linear's slots: the Σr of its parts at `max_rank`, aligned."""
+    parts = len(PACKED_MODULES.get(packed, (packed,)))
+    return -(-parts * max_rank // RANK_ALIGN) * RANK_ALIGN
 
-    def __init__(self, linear: Linear, batch: LoraBatch, reads_rows: bool,
-                 kernels: bool = False) -> None:
+
+class LoraLinear(Linear):
+    """A bf16 decoder linear plus its engine's adapter slots: x Wᵀ (+ b), and for each run of one
+    adapter's rows in the batch, (x Aᵀ) Bᵀ added to those rows. The slots are allocated once,
+    A [slots, R, in] and B [slots, out, R] (slot s at s - 1, R = slot_rank), so loading an
+    adapter writes into memory that captured CUDA graphs and the kernels already read; every
+    adapter runs at the full width R, zeros past its own Σr, so one compiled variant of each
+    kernel serves them all. `reads_rows`: this linear sees the batch's score rows, not its
+    tokens (the last layer's o_proj, gate/up and down: gpu_worker/model.py)."""
+
+    def __init__(self, linear: Linear, batch: LoraBatch, reads_rows: bool, slots: int,
+                 rank: int, kernels: bool = False) -> None:
         super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
                          device="meta")
         self.weight, self.bias = linear.weight, linear.bias
         self.batch, self.reads_rows = batch, reads_rows
-        self.pairs: dict[int, LoraPair] = {}  # adapter slot -> its pair here (absent: none)
+        self.lora_a = linear.weight.new_zeros(slots, rank, linear.in_features)
+        self.lora_b = linear.weight.new_zeros(slots, linear.out_features, rank)
+        self.used: set[int] = set()  # the slots whose adapter adapts this linear
         # K widened where the output is the larger tensor to move (the module docstring)
         self.widen = linear.out_features > linear.in_features
-        # gpu_worker/lora_kernel.py, with every pair stacked, for batches of several adapters;
-        # one adapter's run is faster as the slices below (docs/BENCHMARKS.md, "LoRA adapters")
+        # gpu_worker/lora_kernel.py for batches of several adapters and in CUDA graphs; one
+        # adapter's run is faster as the slices below (docs/BENCHMARKS.md, "LoRA adapters")
         self.kernels = kernels
-        self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None  # A [S, R, in], B [S, out, R]
 
-    def add(self, slot: int, pair: LoraPair | None) -> None:
-        """Give adapter `slot` its pair here, None where it leaves this linear as it is. For the
-        kernels every slot up to `slot` is stacked, zeros where it has no pair: a batch's rows
-        name slots the kernels index by."""
-        if pair is not None:
-            self.pairs[slot] = pair
-        if self.kernels and self.pairs:
-            first = next(iter(self.pairs.values()))
-            rank = max(p.a.shape[0] for p in self.pairs.values())
-            a = first.a.new_zeros(slot, rank, self.in_features)
-            b = first.b.new_zeros(slot, self.out_features, rank)
-            for s, p in self.pairs.items():
-                a[s - 1, :p.a.shape[0]], b[s - 1, :, :p.b.shape[1]] = p.a, p.b
-            self.stacked = (a, b)
+    def put(self, slot: int, pair: LoraPair | None) -> None:
+        """Write an adapter's pair into `slot`, over whatever it held (None: the adapter leaves
+        this linear as it is). Queued on the current stream, after every batch launched before,
+        so none of them reads it half-written."""
+        a, b = self.lora_a[slot - 1], self.lora_b[slot - 1]
+        if pair is None:
+            self.used.discard(slot)
+            a.zero_()
+            b.zero_()
+            return
+        rank = pair.a.shape[0]
+        if rank > a.shape[0]:
+            raise ValueError(f"an adapter of Σr {rank} does not fit slots of width {a.shape[0]}")
+        a[:rank].copy_(pair.a, non_blocking=True)
+        a[rank:].zero_()
+        b[:, :rank].copy_(pair.b, non_blocking=True)
+        b[:, rank:].zero_()
+        self.used.add(slot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._through_kernels_now():
+            return self._through_kernels(x, swiglu=False)
         runs = self._runs()
         if not runs:
             return super().forward(x)
-        if self.kernels and len(runs) > 1:
-            return self._through_kernels(x, swiglu=False)
         if not self.widen:
             y = super().forward(x)
             for start, end, pair in runs:
@@ -221,11 +235,11 @@ class LoraLinear(Linear):
     def swiglu(self, x, down: Linear, ops):
         """The base model's own (fused) path for each piece, widened for an adapter's rows;
         unfused where the delta is added after the GEMM (not widened)."""
+        if self._through_kernels_now():
+            return down.rows(self._through_kernels(x, swiglu=True))
         runs = self._runs()
         if not runs:
             return super().swiglu(x, down, ops)
-        if self.kernels and len(runs) > 1:
-            return down.rows(self._through_kernels(x, swiglu=True))
         if not self.widen:
             return down.rows(ops.silu_and_mul(self(x)))
         pieces = [ops.gate_up_silu(rows, weight) for *_, rows, weight in self._pieces(x, runs)]
@@ -235,14 +249,21 @@ class LoraLinear(Linear):
         from gpu_worker.lora_kernel import lora_linear, lora_shrink
 
         slots = self.batch.row_slots if self.reads_rows else self.batch.token_slots
-        a, b = self.stacked
         x = x.contiguous()
-        return lora_linear(x, self.weight, lora_shrink(x, a, slots), b, slots, self.bias, swiglu)
+        return lora_linear(x, self.weight, lora_shrink(x, self.lora_a, slots), self.lora_b,
+                           slots, self.bias, swiglu)
+
+    def _through_kernels_now(self) -> bool:
+        """Kernels where the batch says so, unless no run of it adapts this linear (a graph
+        being captured: any may at replay)."""
+        return (self.kernels and self.batch.kernels
+                and (self.batch.capturing or bool(self._runs())))
 
     def _runs(self) -> list[tuple[int, int, LoraPair]]:
-        """The batch's runs of rows this linear adapts: (start, end, the adapter's pair)."""
+        """The batch's runs of rows this linear adapts: (start, end, the slot's pair)."""
         runs = self.batch.rows if self.reads_rows else self.batch.tokens
-        return [(start, end, self.pairs[slot]) for slot, start, end in runs if slot in self.pairs]
+        return [(start, end, LoraPair(self.lora_a[slot - 1], self.lora_b[slot - 1]))
+                for slot, start, end in runs if slot in self.used]
 
     def _pieces(self, x: torch.Tensor, runs: list[tuple[int, int, LoraPair]]):
         """x cut at the runs, in order: (start, end, rows, weight), an adapter's rows and weight
@@ -259,10 +280,11 @@ class LoraLinear(Linear):
             yield at, x.shape[0], x[at:], self.weight
 
 
-def lora_linears(model: CausalLMForScoring, batch: LoraBatch, kernels: bool = False
-                 ) -> dict[tuple[int, str], LoraLinear]:
-    """Put a LoraLinear in place of each decoder linear of `model` (bf16 or fp32 only), sharing
-    `batch`; returns them by (layer, packed linear name). `kernels`: the Triton kernels
+def lora_linears(model: CausalLMForScoring, batch: LoraBatch, slots: int, max_rank: int,
+                 kernels: bool = False) -> dict[tuple[int, str], LoraLinear]:
+    """Put a LoraLinear with `slots` adapter slots of rank up to `max_rank` in place of each
+    decoder linear of `model` (bf16 or fp32 only), sharing `batch`; returns them by (layer,
+    packed linear name). `kernels`: the Triton kernels
     (gpu_worker/lora_kernel.py; CUDA, Hopper) for each linear whose shape their tiles divide."""
     if kernels:
         from gpu_worker.lora_kernel import fits
@@ -277,7 +299,8 @@ def lora_linears(model: CausalLMForScoring, batch: LoraBatch, kernels: bool = Fa
                     raise ValueError("LoRA adapters need a bf16 base (engine.precision bf16): "
                                      f"layer {i} {name} is {type(linear).__name__}")
                 lora = LoraLinear(linear, batch, reads_rows=i == len(layers) - 1
-                                  and name != "qkv_proj", kernels=kernels and fits(
+                                  and name != "qkv_proj", slots=slots,
+                                  rank=slot_rank(name, max_rank), kernels=kernels and fits(
                                       linear.out_features, linear.in_features,
                                       swiglu=name == "gate_up_proj"))
                 setattr(parent, name, lora)

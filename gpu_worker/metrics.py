@@ -41,9 +41,12 @@ def batch_error_type(name: str) -> str:
 
 
 class WorkerMetrics:
-    def __init__(self, scheduler: Scheduler, cache: PrefixCacheStats | None) -> None:
+    def __init__(self, scheduler: Scheduler, cache: PrefixCacheStats | None,
+                 model_names: list[str]) -> None:
+        """`model_names`: what requests name the model (first) and its adapters by."""
         self.scheduler = scheduler
         self.cache = cache  # None: no prefix cache, its series stay at 0
+        self.adapter_names = model_names[1:]  # adapter k is adapter_names[k - 1]
         self.queue_tokens = Gauge("ranker_queue_tokens", "Tokens waiting (queued) or running "
                                   "(inflight) in this replica", tag_keys=("state",))
         self.queue_sequences = Gauge("ranker_queue_sequences", "Packed sequences waiting "
@@ -72,6 +75,15 @@ class WorkerMetrics:
                                        "the prefix cache (least recently used first)")
         self.cache_tokens = Gauge("ranker_prefix_cache_tokens", "Tokens of K/V held in the "
                                   "prefix cache")
+        self.adapter_loads = Counter("ranker_adapter_loads", "LoRA adapters loaded on first "
+                                     "use into a slot of this replica", tag_keys=("model",))
+        self.adapter_unloads = Counter("ranker_adapter_unloads", "LoRA adapters unloaded (the "
+                                       "least recently used idle one) for another",
+                                       tag_keys=("model",))
+        for name in self.adapter_names:
+            declare_at_zero(self.adapter_loads, {"model": name})
+            declare_at_zero(self.adapter_unloads, {"model": name})
+        self._loads_seen = {"loads": [0] * len(model_names), "unloads": [0] * len(model_names)}
         for counter in (self.items_scored, self.dropped, self.rejected, self.cache_tokens_reused,
                         self.cache_evictions):
             declare_at_zero(counter)
@@ -115,6 +127,17 @@ class WorkerMetrics:
             self._publish_cache()
         else:
             self.cache_tokens.set(0)  # a gauge not set lately is not exported
+        if self.scheduler.adapters is not None:
+            self._publish_adapters()
+
+    def _publish_adapters(self) -> None:
+        slots = self.scheduler.adapters
+        for kind, counter in (("loads", self.adapter_loads), ("unloads", self.adapter_unloads)):
+            now, seen = list(getattr(slots, kind)), self._loads_seen[kind]
+            for adapter in range(1, len(now)):
+                add_growth(counter, now[adapter], seen[adapter],
+                           {"model": self.adapter_names[adapter - 1]})
+            self._loads_seen[kind] = now
 
     def _publish_cache(self) -> None:
         now, seen = dataclasses.replace(self.cache), self._cache_seen  # a snapshot

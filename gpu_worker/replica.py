@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from gpu_worker.adapter_slots import AdapterSlots
 from gpu_worker.engine import Engine
 from gpu_worker.heads import rerank_label_ids
 from gpu_worker.lora import load_adapter
@@ -26,14 +29,34 @@ def start_scorer(config: AppConfig, scheduler: SchedulerConfig | None = None) ->
     head_from_labels = (rerank_label_ids(config.resolved_model_path(),
                                          config.rerank.resolved_prompt())
                         if config.rerank.classifier_from_labels else None)
-    engine = Engine.from_config(config.resolved_model_path(), config.engine, head_from_labels)
-    for folder in config.resolved_adapter_paths():  # slots 1, 2, ... in the config's order
-        engine.add_adapter(load_adapter(folder, engine.model.config, engine.dtype,
-                                        engine.device))
+    engine = Engine.from_config(config.resolved_model_path(), config.engine, head_from_labels,
+                                config.lora if config.adapters else None)
+    adapters = _load_adapters(engine, config)
     budget = measure_budget(engine, config.scheduler.max_batch_tokens,
                             config.limits.max_seq_tokens)
     # Before ready: a new request shape must not wait on a compile (a new replica neither).
     warm_up(engine, budget.tokens, config.limits.max_seq_tokens)
-    loop = Scheduler(engine, scheduler or config.scheduler, batch_token_budget=budget.tokens)
+    loop = Scheduler(engine, scheduler or config.scheduler, batch_token_budget=budget.tokens,
+                     adapters=adapters)
     loop.start()
     return Scorer(engine, budget, loop)
+
+
+def _load_adapters(engine: Engine, config: AppConfig) -> AdapterSlots | None:
+    """Every adapter is read once, so that one the engine cannot serve stops the start; the
+    first ones fill the slots (adapter k in slot k), the others load on first use."""
+    if not config.adapters:
+        return None
+    paths, cfg = config.resolved_adapter_paths(), engine.model.config
+
+    def read(adapter: int):
+        return load_adapter(paths[adapter - 1], cfg, engine.dtype, torch.device("cpu"))
+
+    resident = {}
+    for adapter in range(1, len(paths) + 1):
+        read_one = read(adapter)
+        engine.check_adapter(read_one)
+        if adapter <= config.lora.slots:
+            engine.put_adapter(adapter, read_one)
+            resident[adapter] = adapter
+    return AdapterSlots(len(paths), config.lora.slots, resident, read, engine.put_adapter)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpu_worker.adapter_slots import AdapterSlots
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import PackedSequence, ScoredJob, ScoreJob
@@ -64,7 +65,9 @@ class ScoreTask:
     arrived: float = field(default_factory=time.monotonic)  # for the queue-wait bound
     launched: float = 0.0  # time.monotonic() when its batch was launched (set by the scheduler)
     job: JobStart = field(default_factory=JobStart)  # the job's other tasks hold the same one
-    adapter: int = 0  # the LoRA adapter's slot (ScoreJob.adapter)
+    # the LoRA adapter (ScoreJob.adapter): its slot in the engine, or with AdapterSlots the
+    # number a request names it by
+    adapter: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -117,9 +120,11 @@ class BatchRecord:
 
 class Scheduler:
     def __init__(self, engine: BatchEngine, cfg: SchedulerConfig,
-                 batch_token_budget: int) -> None:
+                 batch_token_budget: int, adapters: AdapterSlots | None = None) -> None:
         """`batch_token_budget`: tokens per batch, resolved from the YAML's cap
-        (`cfg.max_batch_tokens`, 0 = from free memory) by Engine.measure_budget."""
+        (`cfg.max_batch_tokens`, 0 = from free memory) by Engine.measure_budget. `adapters`:
+        the engine's adapter slots, which this loop fills on first use (tasks name adapters);
+        None: tasks name slots."""
         if batch_token_budget <= 0:
             raise ValueError(f"batch_token_budget must be a resolved token count (> 0), not "
                              f"{batch_token_budget}")
@@ -131,6 +136,9 @@ class Scheduler:
         self.max_queue_wait_s = cfg.max_queue_wait_s
         self._incoming: queue.SimpleQueue[tuple[ScoreTask, ...]] = queue.SimpleQueue()
         self._waiting: collections.deque[ScoreTask] = collections.deque()
+        self.adapters = adapters
+        if adapters is not None:
+            adapters.on_read_done = lambda: self._incoming.put(())  # wakes the loop
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="score-loop", daemon=True)
         self._lock = threading.Lock()  # guards the counters below
@@ -213,10 +221,14 @@ class Scheduler:
 
     def _run(self) -> None:
         inflight: _Launched | None = None
+        stuck = False  # the last turn launched nothing though tasks wait (adapters loading)
         while not self._stop.is_set():
-            self._admit(block=inflight is None and not self._waiting)
+            self._admit(block=inflight is None and (stuck or not self._waiting))
+            if self.adapters is not None:
+                self._fail_adapters(self.adapters.step())
             launched = None
             batch = self._pick()
+            stuck = not batch
             if batch:
                 launched = self._launch(batch, overlapped=inflight is not None)
                 if launched is not None and not self.overlap:
@@ -228,29 +240,54 @@ class Scheduler:
         if inflight is not None:
             self._finish(inflight)
         self._fail_all_waiting(RuntimeError("the scorer replica is shutting down"))
+        if self.adapters is not None:
+            self.adapters.close()
 
     def _admit(self, block: bool) -> None:
         try:
             if block:
-                self._waiting.extend(self._incoming.get(timeout=0.05))
+                self._add_waiting(self._incoming.get(timeout=0.05))
             while True:
-                self._waiting.extend(self._incoming.get_nowait())
+                self._add_waiting(self._incoming.get_nowait())
         except queue.Empty:
             pass
 
+    def _add_waiting(self, tasks: tuple[ScoreTask, ...]) -> None:
+        self._waiting.extend(tasks)
+        if self.adapters is not None:
+            self.adapters.users.update(t.adapter for t in tasks if t.adapter)
+
+    def _gone(self, tasks: list[ScoreTask]) -> None:
+        """These tasks left the loop (answered or dropped): their adapters may be unloaded."""
+        if self.adapters is not None:
+            self.adapters.users.subtract(t.adapter for t in tasks if t.adapter)
+
+    def _fail_adapters(self, failed: dict[int, BaseException]) -> None:
+        """Fail the waiting tasks of adapters that could not be loaded."""
+        if not failed:
+            return
+        tasks = [t for t in self._waiting if t.adapter in failed]
+        self._waiting = collections.deque(t for t in self._waiting if t.adapter not in failed)
+        with self._lock:
+            self._queued.remove(sum(t.num_tokens for t in tasks), len(tasks))
+        self._gone(tasks)
+        for task in tasks:
+            self._answer(task, failed[task.adapter])
+
     def _pick(self) -> list[ScoreTask]:
         batch: list[ScoreTask] = []
+        skipped: list[ScoreTask] = []  # their adapter is not loaded yet: they keep their place
         tokens = 0
         now = time.monotonic()
         while self._waiting and len(batch) < self.max_batch_sequences:
-            task = self._waiting[0]
+            task = self._waiting.popleft()
             if task.cancelled():  # its caller disconnected or timed out: never computed
-                self._drop_first()
+                self._drop(task)
                 self.cancelled_dropped += 1
                 continue
             if (0 < self.max_queue_wait_s < now - task.arrived
                     and not task.job.started):  # too late to be worth computing
-                self._drop_first()
+                self._drop(task)
                 self.expired_dropped += 1
                 with self._lock:
                     self.refused_tokens += task.num_tokens
@@ -258,22 +295,28 @@ class Scheduler:
                     f"waited {now - task.arrived:.2f} s in the queue (limit "
                     f"{self.max_queue_wait_s:g} s)"))
                 continue
+            if self.adapters is not None and not self.adapters.ready(task.adapter):
+                skipped.append(task)
+                continue
             # A task bigger than the whole budget still runs, alone.
             if batch and tokens + task.num_tokens > self.batch_token_budget:
+                self._waiting.appendleft(task)
                 break
-            batch.append(self._waiting.popleft())
+            batch.append(task)
             task.job.started = True
             tokens += task.num_tokens
+        self._waiting.extendleft(reversed(skipped))
         if batch:
             with self._lock:
                 self._queued.remove(tokens, len(batch))
                 self._inflight.add(tokens, len(batch))
         return batch
 
-    def _drop_first(self) -> None:
-        task = self._waiting.popleft()
+    def _drop(self, task: ScoreTask) -> None:
+        """A task taken off the queue unscored."""
         with self._lock:
             self._queued.remove(task.num_tokens, 1)
+        self._gone([task])
 
     def _launch(self, batch: list[ScoreTask], overlapped: bool) -> _Launched | None:
         started = time.perf_counter()
@@ -281,10 +324,15 @@ class Scheduler:
         for task in batch:
             task.launched = launched
         try:
-            if any(t.adapter for t in batch):
-                # One run of rows per adapter: its LoRA GEMMs read slices (gpu_worker/lora.py)
-                batch.sort(key=lambda t: t.adapter)
             adapters = [t.adapter for t in batch]
+            if self.adapters is not None:
+                self.adapters.used(adapters)
+                adapters = [self.adapters.slot(a) for a in adapters]
+            if any(adapters):
+                # One run of rows per adapter: its LoRA GEMMs read slices (gpu_worker/lora.py)
+                order = sorted(range(len(batch)), key=adapters.__getitem__)
+                batch[:] = [batch[k] for k in order]
+                adapters = [adapters[k] for k in order]
             step = self.engine.launch([t.sequence for t in batch], [t.label_ids for t in batch],
                                       overlapped=overlapped,
                                       adapters=adapters if any(adapters) else None)
@@ -323,6 +371,7 @@ class Scheduler:
             self._inflight.remove(tokens, len(tasks))
             if not isinstance(outcome, BaseException):
                 self.tokens_computed += tokens
+        self._gone(tasks)
         for i, task in enumerate(tasks):
             self._answer(task, outcome if isinstance(outcome, BaseException) else outcome[i])
 

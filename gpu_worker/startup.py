@@ -117,12 +117,13 @@ def warm_up(engine, budget_tokens: int, max_seq_tokens: int) -> None:
     started, compiled = time.perf_counter(), triton_variants()
     for batch in warm_up_batches(budget_tokens, max_seq_tokens):
         _run(engine, batch, overlapped=True, use_cache=False)
-    if engine.adapters:  # each adapter's run alone (widened GEMMs, its rank), then several
+    loaded = [slot for slot, adapter in enumerate(engine.adapters, 1) if adapter]
+    if loaded:  # one adapter's run (widened GEMMs: every slot has the same width), then several
         batch = warm_up_batches(budget_tokens, max_seq_tokens)[0]  # (gpu_worker/lora_kernel.py)
-        for slot in range(1, len(engine.adapters) + 1):
-            _run(engine, batch, overlapped=True, adapters=[slot] * len(batch))
+        _run(engine, batch, overlapped=True, adapters=[loaded[0]] * len(batch))
+        mixed = [0, *loaded]
         _run(engine, batch, overlapped=True,
-             adapters=[k % (len(engine.adapters) + 1) for k in range(len(batch))])
+             adapters=[mixed[k % len(mixed)] for k in range(len(batch))])
     cache = engine.prefix_cache
     if cache is not None:  # then emptied: warm-up never counts as a hit
         for batch in cached_warm_up_batches(budget_tokens, max_seq_tokens, cache.min_tokens,

@@ -25,11 +25,15 @@ with its two label rows as a one-class head (rerank.classifier_from_labels), the
 the workload's two. `--fp8-settings` adds one fp8 engine per setting of the fidelity tool
 (which linears, bf16 edge layers): the speed column of its report.
 
-The `lora` mode loads LORA_ADAPTERS random rank-LORA_RANK adapters of all seven projections into
-the shipped engine (Engine.add_adapter) and scores the same requests with one adapter on every
-request, then with the adapters mixed uniformly (request k on adapter k mod 16), then without
-any (the base through the adapter-ready linears); and times a lone request, launch to scores,
-with and without an adapter (median of LONE_REPS; the base one replays its CUDA graph).
+The `lora` mode builds the shipped engine with LORA_ADAPTERS adapter slots of rank LORA_RANK,
+loads random rank-LORA_RANK adapters of all seven projections into them, and scores the same
+requests with one adapter on every request, then with the adapters mixed uniformly (request k
+on adapter k mod 16), then without any (the base through the adapter-ready linears); it times
+a lone request, launch to scores, with and without an adapter (median of LONE_REPS; each
+replays its CUDA graph); and an adapter's first use: a peft folder (rank LORA_RANK, all seven
+projections, written by peft at start) named by a lone request while every slot is full,
+submit to scores through the scheduling loop, which reads it from disk and loads it in place
+of the least recently used (median of 3).
 """
 
 from __future__ import annotations
@@ -43,12 +47,13 @@ from pathlib import Path
 
 import torch
 
+from gpu_worker.adapter_slots import AdapterSlots
 from gpu_worker.engine import Engine, Step
-from gpu_worker.lora import Adapter, LoraPair, part_sizes
+from gpu_worker.lora import Adapter, LoraPair, load_adapter, part_sizes
 from gpu_worker.scheduler import Scheduler, ScoreTask
 from gpu_worker.startup import measure_budget
 from loadtest.hf_baseline import HFBaseline
-from ranker_contract.config import EngineConfig, SchedulerConfig
+from ranker_contract.config import EngineConfig, LoraConfig, SchedulerConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 from tools import REPO_ROOT, RESULTS_DIR
 from tools.configs import shipped_app_config
@@ -103,9 +108,11 @@ class StepTimer:
 
 
 def run_scheduler(engine: Engine | StepTimer, sequences, cfg: SchedulerConfig, budget: int,
-                  labels: list[int], adapters: list[int] | None = None) -> tuple[float, int]:
+                  labels: list[int], adapters: list[int] | None = None,
+                  slots: AdapterSlots | None = None) -> tuple[float, int]:
     """Seconds to score every sequence through the real scheduling loop, and batches run.
-    `adapters`: per sequence, its LoRA adapter's slot (None: the base model for all)."""
+    `adapters`: per sequence, its LoRA adapter's slot (None: the base model for all), or with
+    `slots` the adapter as a request names it."""
     done = threading.Semaphore(0)
     failures: list[BaseException] = []
 
@@ -114,7 +121,7 @@ def run_scheduler(engine: Engine | StepTimer, sequences, cfg: SchedulerConfig, b
             failures.append(result)
         done.release()
 
-    scheduler = Scheduler(engine, cfg, batch_token_budget=budget)
+    scheduler = Scheduler(engine, cfg, batch_token_budget=budget, adapters=slots)
     for k, seq in enumerate(sequences):
         scheduler.submit(ScoreTask(seq, labels, on_done, adapter=adapters[k] if adapters else 0))
     torch.cuda.synchronize()
@@ -207,7 +214,7 @@ def random_adapter(cfg, rank: int, seed: int, device: torch.device) -> Adapter:
             r = rank * len(parts)
             a = torch.randn(r, inputs[name], generator=gen, device=device) / inputs[name] ** 0.5
             b = torch.randn(sum(parts), r, generator=gen, device=device) / r
-            pairs[(layer, name)] = LoraPair.aligned(a.to(dtype), b.to(dtype))
+            pairs[(layer, name)] = LoraPair(a.to(dtype), b.to(dtype))
     return Adapter(Path(f"random-{seed}"), rank, pairs, None)
 
 
@@ -222,8 +229,12 @@ def lone_request_ms(engine: Engine, sequence: PackedSequence, labels: list[int],
     return sorted(times[5:])[LONE_REPS // 2] * 1e3
 
 
-def bench_lora(engine: Engine, sequences, labels: list[int], bench) -> dict:
-    """The lora mode, on the shipped engine itself (its base batches still replay their graphs)."""
+def bench_lora(model: Path, engine_cfg: EngineConfig, sched: SchedulerConfig, budget: int,
+               sequences, labels: list[int], bench) -> dict:
+    """The lora mode, on an engine built as the shipped one with adapter slots (its base
+    batches replay their graphs too)."""
+    engine = Engine.from_config(model, engine_cfg,
+                                lora=LoraConfig(slots=LORA_ADAPTERS, max_rank=LORA_RANK))
     for k in range(LORA_ADAPTERS):
         engine.add_adapter(random_adapter(engine.model.config, LORA_RANK, k, engine.device))
     bench("LoRA, 1 adapter on all", engine, sequences, timing=True,
@@ -233,7 +244,38 @@ def bench_lora(engine: Engine, sequences, labels: list[int], bench) -> dict:
     bench("base, adapters loaded", engine, sequences, timing=True)
     return {"adapters": LORA_ADAPTERS, "rank": LORA_RANK,
             "lone_request_ms": lone_request_ms(engine, sequences[0], labels, 1),
-            "base_lone_request_ms": lone_request_ms(engine, sequences[0], labels, 0)}
+            "base_lone_request_ms": lone_request_ms(engine, sequences[0], labels, 0),
+            "first_use_ms": first_use_ms(engine, model, sched, budget, sequences[0], labels)}
+
+
+def first_use_ms(engine: Engine, model: Path, sched: SchedulerConfig, budget: int,
+                 sequence: PackedSequence, labels: list[int]) -> float:
+    """Median over 3 adapters not held (every slot full) of a lone request's submit to scores
+    through the scheduling loop: the read of the peft folder, its load into the least recently
+    used slot, the batch."""
+    import tempfile
+
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(tempfile.mkdtemp()) / "adapter"
+    torch.manual_seed(0)
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model), PeftLoraConfig(
+        r=LORA_RANK, lora_alpha=LORA_RANK, init_lora_weights=False, target_modules=[
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    peft_model.save_pretrained(folder)
+    del peft_model
+    cfg = engine.model.config
+    held = {k: k for k in range(1, LORA_ADAPTERS + 1)}  # adapters 17, 18, 19: the folder
+    slots = AdapterSlots(LORA_ADAPTERS + 3, LORA_ADAPTERS, held,
+                         lambda _: load_adapter(folder, cfg, engine.dtype, torch.device("cpu")),
+                         engine.put_adapter)
+    times = []
+    for adapter in range(LORA_ADAPTERS + 1, LORA_ADAPTERS + 4):
+        seconds, _ = run_scheduler(engine, [sequence], sched, budget, labels, [adapter], slots)
+        times.append(seconds * 1e3)
+    return sorted(times)[1]
 
 
 def main():
@@ -313,7 +355,10 @@ def main():
         del engine
         torch.cuda.empty_cache()
 
-    lora = bench_lora(fast, multi, labels, bench) if "lora" in modes else None
+    lora = None
+    if "lora" in modes:
+        torch.cuda.empty_cache()
+        lora = bench_lora(args.model, app.engine, sched, budget, multi, labels, bench)
 
     tokens_per_request = multi[0].num_tokens
     rate, linear_flops_per_token_layer = matmul_rate(cfg, budget // 2)
@@ -361,7 +406,8 @@ def main():
           f"ceiling {ceiling:.0f} items/s")
     if lora:
         print(f"LoRA (rank {LORA_RANK}): lone request {lora['lone_request_ms']:.2f} ms with an "
-              f"adapter, {lora['base_lone_request_ms']:.2f} ms without")
+              f"adapter, {lora['base_lone_request_ms']:.2f} ms without; an adapter's first use "
+              f"{lora['first_use_ms']:.0f} ms")
     print(f"bench_engine: engine {engine_rate:.0f} items/s = {engine_rate / ceiling:.0%} of ceiling"
           + (f", {engine_rate / hf:.2f}x HF" if hf else "") + f" on {out['gpu']}")
 

@@ -322,13 +322,24 @@ class AdapterConfig(_Settings):
                       "adapter_model.safetensors); relative paths start at the repository")
 
 
+class LoraConfig(_Settings):
+    """How each scorer replica holds the adapters (docs/API.md, "Several rankers")."""
+
+    slots: int = Field(8, ge=1, le=256, description="adapters held on each replica's GPU at "
+                       "once: the first ones listed load at start, any other on first use in "
+                       "place of the least recently used idle one")
+    max_rank: int = Field(16, ge=1, le=256, description="the largest `r` of any adapter; each "
+                          "slot's memory and compute are sized for it")
+
+
 class AppConfig(_Settings):
     model_path: str = Field("models/smollm2-135m-instruct",
                             description="HF folder; relative paths start at the repository")
     served_model_name: str = "smollm2-135m-instruct"
     adapters: list[AdapterConfig] = Field(
-        [], description="LoRA adapters of the model, loaded at start; a request's `model` "
-        "picks one (none: the model itself)")
+        [], description="LoRA adapters of the model; a request's `model` picks one (none: the "
+        "model itself)")
+    lora: LoraConfig = LoraConfig()
     limits: Limits = Limits()
     engine: EngineConfig = EngineConfig()
     scheduler: SchedulerConfig = SchedulerConfig()

@@ -17,6 +17,7 @@ from gpu_worker.engine import Engine
 from gpu_worker.lora import load_adapter
 from gpu_worker.model import PACKED_MODULES
 from ranker_contract.config import EngineConfig
+from ranker_contract.config import LoraConfig as Slots
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 from ranker_contract.packing import pack_multi_item, pack_plain
 
@@ -108,7 +109,8 @@ def test_an_adapter_of_another_base_shape_is_refused(tiny_checkpoint, tmp_path):
 def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_batch(
         tiny_checkpoint, tmp_path):
     """Sequences of two adapters and of the base in one batch: each scores as the engine built
-    on peft's merge_and_unload() of its adapter (or on the base) scores it alone, in fp32."""
+    on peft's merge_and_unload() of its adapter (or on the base) scores it alone, in fp32. Then
+    a slot loaded over (an adapter unloaded for another) scores as the new adapter alone."""
     base_folder = tiny_checkpoint("qwen3")
     cfg = ModelConfig.from_folder(base_folder)
     folders, merged_engines = [], []
@@ -123,7 +125,7 @@ def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_b
         peft_model.merge_and_unload().save_pretrained(merged)
         folders.append(tmp_path / f"adapter{k}")
         merged_engines.append(Engine.from_config(merged, EngineConfig()))
-    engine = Engine.from_config(base_folder, EngineConfig())
+    engine = Engine.from_config(base_folder, EngineConfig(), lora=Slots(slots=3, max_rank=8))
     slots = [engine.add_adapter(load_adapter(f, cfg, torch.float32, torch.device("cpu")))
              for f in folders]
     assert slots == [1, 2]
@@ -150,5 +152,15 @@ def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_b
     plain = alone.finish(alone.launch(sequences, labels))
     assert base_again == plain  # without adapters the engine is the base model, bit for bit
     assert any(abs(a[0][0] - b[0][0]) > 1e-3 for a, b in zip(mixed, plain))  # adapters matter
-    with pytest.raises(ValueError, match="2 adapters"):  # a slot never loaded is no silent base
+    with pytest.raises(ValueError, match=r"in \[1, 2\]"):  # an empty slot is no silent base
         engine.launch(sequences[:1], labels[:1], adapters=[3])
+    # adapter 1 (rank 8, three projections) over adapter 0 (rank 4, all seven) in slot 1:
+    # nothing of the old one may remain
+    engine.put_adapter(1, load_adapter(folders[1], cfg, torch.float32, torch.device("cpu")))
+    reloaded = engine.finish(engine.launch(sequences, labels, adapters=[1, 0, 1, 2]))
+    want = merged_engines[1].finish(merged_engines[1].launch(sequences, labels))
+    assert max(abs(g - w) for k in (0, 2, 3) for grow, wrow in zip(reloaded[k], want[k])
+               for g, w in zip(grow, wrow)) <= 1e-5
+    small = Engine.from_config(base_folder, EngineConfig(), lora=Slots(slots=1, max_rank=4))
+    with pytest.raises(ModelFolderError, match="rank 8 is above lora.max_rank 4"):
+        small.add_adapter(load_adapter(folders[1], cfg, torch.float32, torch.device("cpu")))

@@ -1,8 +1,10 @@
 """Several rankers behind one service: LoRA adapters of the served model, picked by a request's
-`model` (configs/score.yaml on the small random model, with two adapters peft wrote). Each
-adapter scores as HF transformers scores peft's merge_and_unload() of it; requests of the base
-and both adapters sent together (so batches mix them) score as each sent alone; an unknown name
-is a 404 naming `model`; the ingress metrics count requests and items by model."""
+`model` (configs/score.yaml on the small random model, with three adapters peft wrote and two
+adapter slots, so the third loads on first use). Each adapter scores as HF transformers scores
+peft's merge_and_unload() of it; requests of the base and every adapter sent together (so
+batches mix them, and adapters are unloaded and loaded again under load) score as each sent
+alone; an unknown name is a 404 naming `model`; the ingress metrics count requests and items
+by model, the scorer's the adapters loaded and unloaded."""
 
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ pytestmark = pytest.mark.service
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {"ranker-a": dict(r=8, lora_alpha=16, target_modules=ALL),
             "ranker-b": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                             use_rslora=True)}
+                             use_rslora=True),
+            "ranker-c": dict(r=16, lora_alpha=32, target_modules=["o_proj", "gate_proj",
+                                                                  "up_proj"])}
 LABELS = [10539, 5230]  # " Yes", " No" in the small model's (SmolLM2's) vocabulary
 QUERY = "Is the sky blue on a clear day?"
 ITEMS = ["Yes, the sky is blue.", "No.", "Grass is green and the sea is wide."]
@@ -52,6 +56,7 @@ def service(small_model, rankers):
     config = small_model_config(small_model)
     config["applications"][0]["args"]["adapters"] = [
         {"name": name, "path": str(adapter)} for name, (adapter, _) in rankers.items()]
+    config["applications"][0]["args"]["lora"] = {"slots": 2}
     with serving(config, FAST_METRICS_ENV) as running:
         yield running
 
@@ -101,10 +106,10 @@ def test_metrics_count_requests_and_items_by_model(service, http):
         return out
 
     reads = [counts()]
-    wait_until(lambda: reads.append(counts()) or len({m for _, m, _ in reads[-1]}) == 4, 60,
+    wait_until(lambda: reads.append(counts()) or len({m for _, m, _ in reads[-1]}) == 5, 60,
                "every model's series declared", service)
     before = reads[-1]
-    assert {model for _, model, _ in before} == {served, "ranker-a", "ranker-b", "-"}
+    assert {model for _, model, _ in before} == {served, *ADAPTERS, "-"}
     for model in ("ranker-a", "ranker-a", None):
         score(http, model)
     assert http.post("/v1/score", json={"query": "q", "items": ["a"], "label_token_ids": LABELS,
@@ -130,7 +135,7 @@ def test_metrics_count_requests_and_items_by_model(service, http):
 
 def test_models_lists_the_model_and_its_adapters(http):
     names = [m["id"] for m in http.get("/v1/models").json()["data"]]
-    assert names == ["small-random", "ranker-a", "ranker-b"]
+    assert names == ["small-random", *ADAPTERS]
 
 
 @pytest.mark.parametrize("name", list(ADAPTERS))
@@ -169,11 +174,46 @@ def test_rerank_with_an_adapter_reads_its_template_through_the_adapter(http, ran
         assert got[k] == pytest.approx(want, abs=TOL)
 
 
+def test_an_adapter_not_held_loads_on_first_use_in_place_of_the_least_recently_used(
+        service, http):
+    """Two slots, three adapters asked for in turn: each request finds its adapter unloaded
+    (the least recently used is the one it needs next) and loads it in place of the one used
+    longest ago; the scorer's metrics count each load and unload by model."""
+
+    def counts() -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for name, labels, value in scrape(service.metrics_url()):
+            if name in ("ray_ranker_adapter_loads_total", "ray_ranker_adapter_unloads_total"):
+                key = (name.split("_")[3], labels["model"])
+                out[key] = out.get(key, 0.0) + value
+        return out
+
+    first = {name: score(http, name) for name in ("ranker-a", "ranker-b")}  # now held
+    wait_until(lambda: len(counts()) == 6, 60, "the adapter series", service)
+    before = counts()
+    again = {name: score(http, name) for name in ("ranker-c", "ranker-a", "ranker-b")}
+    for name in first:  # loaded again, the same scores
+        assert ([math.log(p) for row in again[name] for p in row]
+                == pytest.approx([math.log(p) for row in first[name] for p in row], abs=1e-5))
+    want = {(kind, name): 1 for kind in ("loads", "unloads") for name in ADAPTERS}
+    seen: dict = {}
+
+    def counted() -> bool:
+        now = counts()
+        seen.update({k: now.get(k, 0) - before.get(k, 0) for k in want})
+        return seen == want
+
+    try:
+        wait_until(counted, 60, "loads and unloads counted by model", service)
+    except TimeoutError:
+        pytest.fail(f"counted {seen}, not {want}")
+
+
 def test_requests_of_several_adapters_at_once_score_as_each_alone(http):
-    names = [None, "ranker-a", "ranker-b"]
+    names = [None, *ADAPTERS]
     items = [[f"{word} number {k}" for k in range(4)] for word in ("red", "blue", "green")]
     alone = {(n, i): score(http, n, items=it) for n in names for i, it in enumerate(items)}
-    with ThreadPoolExecutor(9) as pool:
+    with ThreadPoolExecutor(12) as pool:
         together = [(key, pool.submit(score, http, key[0], QUERY, items[key[1]]))
                     for _ in range(3) for key in alone]
     for key, future in together:

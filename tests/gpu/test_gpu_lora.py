@@ -5,8 +5,9 @@ tests/gpu/test_gpu_matrix.py, what the base engine keeps from HF fp32), or, wher
 what the bf16 engine serving the merged model keeps from HF fp32. The adapters here are drawn
 far larger than trained ones (peft's init_lora_weights=False) so that they move scores clearly,
 and a model so far from its base strains bf16 whether merged or not: an adapter served unmerged
-must be as exact as its merged model, which is what a user would otherwise serve. Base batches
-still replay their graphs."""
+must be as exact as its merged model, which is what a user would otherwise serve. Each request
+sent alone replays a CUDA graph (through the LoRA kernels where it has an adapter) and is held
+to the same bound; base batches replay the graphs of the model alone."""
 
 import random
 
@@ -15,14 +16,15 @@ import torch
 
 from gpu_worker.engine import Engine
 from gpu_worker.lora import load_adapter
-from ranker_contract.config import EngineConfig
+from ranker_contract.config import EngineConfig, LoraConfig
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import LABELS, VOCAB
 from tests.gpu.test_gpu_matrix import SAME_BF16, differences, within
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-GRAPHS = EngineConfig(device="cuda", cuda_graphs={"enabled": True, "token_buckets": [512, 1024]})
+GRAPHS = EngineConfig(device="cuda", cuda_graphs={"enabled": True, "token_buckets": [512, 2048]})
+SLOTS = LoraConfig(slots=4, max_rank=16)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def adapters(qwen3_path, tmp_path_factory):
 def test_mixed_adapters_in_one_batch_score_as_hf_fp32_on_each_merged_model(qwen3_path, adapters):
     from transformers import AutoModelForCausalLM
 
-    engine = Engine.from_config(qwen3_path, GRAPHS)
+    engine = Engine.from_config(qwen3_path, GRAPHS, lora=SLOTS)
     cfg = ModelConfig.from_folder(qwen3_path)
     for folder, _ in adapters:
         engine.add_adapter(load_adapter(folder, cfg, engine.dtype, engine.device))
@@ -63,6 +65,9 @@ def test_mixed_adapters_in_one_batch_score_as_hf_fp32_on_each_merged_model(qwen3
                  for q, items in requests]
     slots = [1, 0, 2, 1]
     mixed = engine.finish(engine.launch(sequences, [LABELS] * 4, adapters=slots))
+    assert all(engine.plan([seq], [LABELS]).graph is not None for seq in sequences)
+    replayed = [engine.finish(engine.launch([seq], [LABELS], adapters=[slot]))[0]
+                for seq, slot in zip(sequences, slots)]
     folders = [qwen3_path, *(merged for _, merged in adapters)]
     for slot in sorted(set(slots)):
         hf = AutoModelForCausalLM.from_pretrained(folders[slot], dtype=torch.float32).cuda().eval()
@@ -77,6 +82,7 @@ def test_mixed_adapters_in_one_batch_score_as_hf_fp32_on_each_merged_model(qwen3
               f"{merged_error[0]:.2e}, max |Δ relevance| {merged_error[1]:.2e}")
         bounds = tuple(max(own, 1.5 * e) for own, e in zip(SAME_BF16, merged_error))
         within([mixed[k] for k in picked], want, bounds, f"slot {slot}, unmerged, vs HF fp32")
+        within([replayed[k] for k in picked], want, bounds, f"slot {slot}, graph, vs HF fp32")
         del merged
     base = Engine.from_config(qwen3_path, EngineConfig(device="cuda"))
     plain = base.finish(base.launch(sequences, [LABELS] * 4))
@@ -85,6 +91,10 @@ def test_mixed_adapters_in_one_batch_score_as_hf_fp32_on_each_merged_model(qwen3
     assert moved > SAME_BF16[0]  # the adapters change the scores
     lone = engine.finish(engine.launch(sequences[1:2], [LABELS]))  # a lone base request: replay
     within(lone, plain[1:2], SAME_BF16, "base, replayed")
+    # slot 1 loaded over with slot 2's adapter: the graphs read the new one, nothing of the old
+    engine.put_adapter(1, load_adapter(adapters[1][0], cfg, engine.dtype, engine.device))
+    assert (engine.finish(engine.launch(sequences[:1], [LABELS], adapters=[1]))
+            == engine.finish(engine.launch(sequences[:1], [LABELS], adapters=[2])))
 
 
 def hf_scores(hf, query: list[int], items: list[list[int]] | None) -> list[list[float]]:
@@ -103,7 +113,7 @@ def test_after_warm_up_adapter_batches_compile_nothing(qwen3_path, adapters):
     adapter and of several, large and small, compile no Triton kernel."""
     from gpu_worker.startup import triton_variants, warm_up
 
-    engine = Engine.from_config(qwen3_path, GRAPHS)
+    engine = Engine.from_config(qwen3_path, GRAPHS, lora=SLOTS)
     cfg = ModelConfig.from_folder(qwen3_path)
     for folder, _ in adapters:
         engine.add_adapter(load_adapter(folder, cfg, engine.dtype, engine.device))

@@ -99,6 +99,3 @@ class AdapterSlots:
         logger.info("unloading adapter %d (least recently used) from slot %d", victim,
                     self.slot_of[victim])
         return self.slot_of.pop(victim)
-
-    def close(self) -> None:
-        self._reader.shutdown(wait=False, cancel_futures=True)

@@ -240,8 +240,6 @@ class Scheduler:
         if inflight is not None:
             self._finish(inflight)
         self._fail_all_waiting(RuntimeError("the scorer replica is shutting down"))
-        if self.adapters is not None:
-            self.adapters.close()
 
     def _admit(self, block: bool) -> None:
         try:

@@ -246,12 +246,16 @@ class LoraLinear(Linear):
         return down.rows(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
 
     def _through_kernels(self, x: torch.Tensor, swiglu: bool) -> torch.Tensor:
-        from gpu_worker.lora_kernel import lora_linear, lora_shrink
+        from gpu_worker.lora_kernel import lora_add, lora_linear, lora_shrink
 
         slots = self.batch.row_slots if self.reads_rows else self.batch.token_slots
         x = x.contiguous()
-        return lora_linear(x, self.weight, lora_shrink(x, self.lora_a, slots), self.lora_b,
-                           slots, self.bias, swiglu)
+        t = lora_shrink(x, self.lora_a, slots)
+        if not (self.widen or swiglu):  # a narrow output: cuBLAS, then the deltas in place
+            y = super().forward(x)
+            lora_add(y, t, self.lora_b, slots)
+            return y
+        return lora_linear(x, self.weight, t, self.lora_b, slots, self.bias, swiglu)
 
     def _through_kernels_now(self) -> bool:
         """Kernels where the batch says so, unless no run of it adapts this linear (a graph
@@ -302,7 +306,9 @@ def lora_linears(model: CausalLMForScoring, batch: LoraBatch, slots: int, max_ra
                                   and name != "qkv_proj", slots=slots,
                                   rank=slot_rank(name, max_rank), kernels=kernels and fits(
                                       linear.out_features, linear.in_features,
-                                      swiglu=name == "gate_up_proj"))
+                                      swiglu=name == "gate_up_proj",
+                                      add=(linear.out_features <= linear.in_features
+                                           and name != "gate_up_proj")))
                 setattr(parent, name, lora)
                 out[(i, name)] = lora
     return out

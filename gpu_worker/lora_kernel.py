@@ -1,5 +1,6 @@
 """A batch of several LoRA adapters through a decoder linear in two Triton kernels: no gather, no
-copy of x or W, and no second pass over the output.
+copy of x or W, and no second pass over the output (or, where the output is the narrower
+tensor, a second pass over it in place of a GEMM of its own).
 
 `lora_shrink`: t = x Aᵀ with each row's own adapter's A, [M, R] (zeros for rows of the model
 alone). `lora_linear`: y = x Wᵀ + t Bᵀ, again each row's own B, as one GEMM: the K loop over x
@@ -10,8 +11,11 @@ B tile (other rows masked to zero) into the same fp32 accumulator before the onl
 gate and up to bf16 first, as the unfused path does. A tile meets every adapter between its
 rows' smallest and largest slot; the scheduler sorts a batch by adapter, so that is one or two.
 Adapters are stacked per linear: A [S, R, K] and B [S, out, R], slot s (1-based) at s - 1, R the
-largest padded Σr (gpu_worker/lora.py, RANK_ALIGN). Its torch reference is LoraLinear's slice
-path (gpu_worker/lora.py): tests/gpu/test_triton_kernels.py holds the kernels to that path's
+largest padded Σr (gpu_worker/lora.py, RANK_ALIGN). `lora_add`: y += t Bᵀ in place, each row's
+own B, after the base GEMM ran on cuBLAS: for o and down, whose output is narrow (hidden wide),
+the fused GEMM's fixed tiles leave half of the SMs idle on a small batch, while one more read
+and write of that output is cheap. Their torch reference is LoraLinear's slice path
+(gpu_worker/lora.py): tests/gpu/test_triton_kernels.py holds the kernels to that path's
 distance from float64. Hopper or newer.
 """
 
@@ -36,11 +40,14 @@ from gpu_worker.gate_up_silu_kernel import (
 # output work per program as the gate/up kernel's.
 PLAIN_BLOCK_N = 2 * BLOCK_N
 SHRINK_BLOCK_M = 64
+ADD_BLOCK_M, ADD_BLOCK_N = 64, 128
 NO_SLOT = 1 << 30  # above any slot: a tile without adapter rows loops over none
 
 
-def fits(out_features: int, in_features: int, swiglu: bool) -> bool:
-    """Whether the kernels' fixed tiles divide this linear's shape."""
+def fits(out_features: int, in_features: int, swiglu: bool, add: bool = False) -> bool:
+    """Whether the kernels' fixed tiles divide this linear's shape (`add`: through lora_add)."""
+    if add:
+        return out_features % ADD_BLOCK_N == 0
     if swiglu:
         return (out_features // 2) % BLOCK_N == 0 and in_features % BLOCK_K == 0
     return out_features % PLAIN_BLOCK_N == 0 and in_features % BLOCK_K == 0
@@ -112,6 +119,27 @@ def _lora_linear_kernel(x_desc, w_desc, t_ptr, b_ptr, slot_ptr, bias_ptr, out_pt
              mask=inside[:, None])
 
 
+@triton.jit(do_not_specialize=["M"])
+def _lora_add_kernel(y_ptr, t_ptr, b_ptr, slot_ptr, M, N: tl.constexpr, R: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NO_SLOT: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    inside = rows < M
+    slots = tl.load(slot_ptr + rows, mask=inside, other=0)
+    first = tl.min(tl.where(slots > 0, slots, NO_SLOT))
+    last = tl.max(slots)
+    if first <= last:  # a tile of the model's rows alone is left as it is
+        r = tl.arange(0, R)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        at = rows[:, None].to(tl.int64) * N + n[None, :]
+        acc = tl.load(y_ptr + at, mask=inside[:, None], other=0.0).to(tl.float32)
+        for s in range(first, last + 1):
+            t = tl.load(t_ptr + rows[:, None].to(tl.int64) * R + r[None, :],
+                        mask=(inside & (slots == s))[:, None], other=0.0)
+            b = tl.load(b_ptr + (s - 1) * (N * R) + n[:, None] * R + r[None, :])
+            acc = tl.dot(t, b.T, acc)
+        tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=inside[:, None])
+
+
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """x [M, K] bf16, a [S, R, K] bf16, slots [M] int (0: no adapter) → t [M, R] bf16."""
     m, k = x.shape
@@ -147,3 +175,14 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, b: torch
             num_stages=NUM_STAGES, num_warps=NUM_WARPS,
         )
     return out
+
+
+def lora_add(y: torch.Tensor, t: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> None:
+    """y [M, out] bf16 (x Wᵀ, contiguous) += each row's t Bᵀ, in place; t [M, R], b [S, out, R]."""
+    m, n = y.shape
+    if not fits(n, 0, swiglu=False, add=True):
+        raise ValueError(f"lora_add: {n} outputs do not fit the tiles")
+    if m:
+        _lora_add_kernel[(triton.cdiv(m, ADD_BLOCK_M), n // ADD_BLOCK_N)](
+            y, t, b, slots, m, N=n, R=t.shape[1], BLOCK_M=ADD_BLOCK_M, BLOCK_N=ADD_BLOCK_N,
+            NO_SLOT=NO_SLOT)

@@ -119,9 +119,9 @@ def _lora_linear_kernel(x_desc, w_desc, t_ptr, b_ptr, slot_ptr, bias_ptr, out_pt
     last = tl.max(slots)
     r = tl.arange(0, R)
     n = on + tl.arange(0, BLOCK_N)
-    t_rows = _load_t(t_ptr, rows, r, inside[:, None], M, R, SPLIT, b_ptr.dtype.element_ty)
     for s in range(first, last + 1):
-        t = tl.where((slots == s)[:, None], t_rows, 0.0).to(t_rows.dtype)
+        t = _load_t(t_ptr, rows, r, (inside & (slots == s))[:, None], M, R, SPLIT,
+                    b_ptr.dtype.element_ty)
         b_slot = b_ptr + (s - 1) * (W_ROWS * R)
         acc = tl.dot(t, tl.load(b_slot + n[:, None] * R + r[None, :]).T, acc)
         if SWIGLU:
@@ -153,9 +153,9 @@ def _lora_add_kernel(y_ptr, t_ptr, b_ptr, slot_ptr, M, N: tl.constexpr, R: tl.co
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         at = rows[:, None].to(tl.int64) * N + n[None, :]
         acc = tl.load(y_ptr + at, mask=inside[:, None], other=0.0).to(tl.float32)
-        t_rows = _load_t(t_ptr, rows, r, inside[:, None], M, R, SPLIT, b_ptr.dtype.element_ty)
         for s in range(first, last + 1):
-            t = tl.where((slots == s)[:, None], t_rows, 0.0).to(t_rows.dtype)
+            t = _load_t(t_ptr, rows, r, (inside & (slots == s))[:, None], M, R, SPLIT,
+                        b_ptr.dtype.element_ty)
             b = tl.load(b_ptr + (s - 1) * (N * R) + n[:, None] * R + r[None, :])
             acc = tl.dot(t, b.T, acc)
         tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=inside[:, None])

@@ -3,11 +3,7 @@ copy of x or W, and no second pass over the output (or, where the output is the 
 tensor, a second pass over it in place of a GEMM of its own).
 
 `lora_shrink`: t = x Aᵀ with each row's own adapter's A, [M, R] (zeros for rows of the model
-alone). On a small batch its few row tiles would each run the whole K loop alone, a latency
-the batch waits on in every linear; there K is split SHRINK_SPLIT ways instead, each part's
-fp32 sums stored apart, [SHRINK_SPLIT, M, R], and the kernels reading t add the parts up
-(rounding to bf16 as one t would be), which costs no kernel of its own. `lora_linear`:
-y = x Wᵀ + t Bᵀ, again each row's own B, as one GEMM: the K loop over x
+alone). `lora_linear`: y = x Wᵀ + t Bᵀ, again each row's own B, as one GEMM: the K loop over x
 and W is the fused gate/up kernel's (gpu_worker/gate_up_silu_kernel.py: TMA tiles, grouped
 order, one fixed tile), then each adapter present in the row tile adds its rows of t times its
 B tile (other rows masked to zero) into the same fp32 accumulator before the only store. With
@@ -44,7 +40,6 @@ from gpu_worker.gate_up_silu_kernel import (
 # output work per program as the gate/up kernel's.
 PLAIN_BLOCK_N = 2 * BLOCK_N
 SHRINK_BLOCK_M = 64
-SHRINK_SPLIT, SPLIT_UP_TO_ROWS = 4, 4096  # K split for batches of up to that many rows
 ADD_BLOCK_M, ADD_BLOCK_N = 64, 128
 NO_SLOT = 1 << 30  # above any slot: a tile without adapter rows loops over none
 
@@ -58,23 +53,10 @@ def fits(out_features: int, in_features: int, swiglu: bool, add: bool = False) -
     return out_features % PLAIN_BLOCK_N == 0 and in_features % BLOCK_K == 0
 
 
-@triton.jit
-def _load_t(t_ptr, rows, r, mask, M, R: tl.constexpr, SPLIT: tl.constexpr,
-            DTYPE: tl.constexpr):
-    """Rows of t [SPLIT, M, R] (SPLIT > 1: fp32 parts), summed and rounded to DTYPE (B's)."""
-    t = tl.zeros((rows.shape[0], R), dtype=tl.float32)
-    for p in tl.static_range(SPLIT):
-        t += tl.load(t_ptr + (p * M + rows[:, None]).to(tl.int64) * R + r[None, :], mask=mask,
-                     other=0.0).to(tl.float32)
-    return t.to(DTYPE)
-
-
 @triton.jit(do_not_specialize=["M"])
 def _lora_shrink_kernel(x_ptr, a_ptr, t_ptr, slot_ptr, M, K: tl.constexpr, R: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                        NO_SLOT: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NO_SLOT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    part = tl.program_id(1)
     inside = rows < M
     slots = tl.load(slot_ptr + rows, mask=inside, other=0)
     first = tl.min(tl.where(slots > 0, slots, NO_SLOT))
@@ -84,21 +66,19 @@ def _lora_shrink_kernel(x_ptr, a_ptr, t_ptr, slot_ptr, M, K: tl.constexpr, R: tl
     t = tl.zeros((BLOCK_M, R), dtype=tl.float32)
     for s in range(first, last + 1):
         acc = tl.zeros((BLOCK_M, R), dtype=tl.float32)
-        for k in range(part * (K // SPLIT), (part + 1) * (K // SPLIT), BLOCK_K):
+        for k in range(0, K, BLOCK_K):
             x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + (k + kk)[None, :],
                         mask=inside[:, None], other=0.0)
             a = tl.load(a_ptr + (s - 1) * (R * K) + r[:, None] * K + (k + kk)[None, :])
             acc = tl.dot(x, a.T, acc)
         t = tl.where((slots == s)[:, None], acc, t)
-    tl.store(t_ptr + (part * M + rows[:, None]).to(tl.int64) * R + r[None, :],
-             t.to(t_ptr.dtype.element_ty),
+    tl.store(t_ptr + rows[:, None].to(tl.int64) * R + r[None, :], t.to(t_ptr.dtype.element_ty),
              mask=inside[:, None])
 
 
 @triton.jit(do_not_specialize=["M"])
 def _lora_linear_kernel(x_desc, w_desc, t_ptr, b_ptr, slot_ptr, bias_ptr, out_ptr, M,
-                        N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, SPLIT: tl.constexpr,
-                        W_ROWS: tl.constexpr,
+                        N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, W_ROWS: tl.constexpr,
                         SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                         NO_SLOT: tl.constexpr):
@@ -120,8 +100,8 @@ def _lora_linear_kernel(x_desc, w_desc, t_ptr, b_ptr, slot_ptr, bias_ptr, out_pt
     r = tl.arange(0, R)
     n = on + tl.arange(0, BLOCK_N)
     for s in range(first, last + 1):
-        t = _load_t(t_ptr, rows, r, (inside & (slots == s))[:, None], M, R, SPLIT,
-                    b_ptr.dtype.element_ty)
+        t = tl.load(t_ptr + rows[:, None].to(tl.int64) * R + r[None, :],
+                    mask=(inside & (slots == s))[:, None], other=0.0)
         b_slot = b_ptr + (s - 1) * (W_ROWS * R)
         acc = tl.dot(t, tl.load(b_slot + n[:, None] * R + r[None, :]).T, acc)
         if SWIGLU:
@@ -141,8 +121,7 @@ def _lora_linear_kernel(x_desc, w_desc, t_ptr, b_ptr, slot_ptr, bias_ptr, out_pt
 
 @triton.jit(do_not_specialize=["M"])
 def _lora_add_kernel(y_ptr, t_ptr, b_ptr, slot_ptr, M, N: tl.constexpr, R: tl.constexpr,
-                     SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     NO_SLOT: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NO_SLOT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     inside = rows < M
     slots = tl.load(slot_ptr + rows, mask=inside, other=0)
@@ -154,24 +133,21 @@ def _lora_add_kernel(y_ptr, t_ptr, b_ptr, slot_ptr, M, N: tl.constexpr, R: tl.co
         at = rows[:, None].to(tl.int64) * N + n[None, :]
         acc = tl.load(y_ptr + at, mask=inside[:, None], other=0.0).to(tl.float32)
         for s in range(first, last + 1):
-            t = _load_t(t_ptr, rows, r, (inside & (slots == s))[:, None], M, R, SPLIT,
-                        b_ptr.dtype.element_ty)
+            t = tl.load(t_ptr + rows[:, None].to(tl.int64) * R + r[None, :],
+                        mask=(inside & (slots == s))[:, None], other=0.0)
             b = tl.load(b_ptr + (s - 1) * (N * R) + n[:, None] * R + r[None, :])
             acc = tl.dot(t, b.T, acc)
         tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=inside[:, None])
 
 
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bf16, a [S, R, K] bf16, slots [M] int (0: no adapter) → t [SPLIT, M, R]: bf16
-    whole, or on a small batch SHRINK_SPLIT fp32 parts to be added up (the module docstring)."""
+    """x [M, K] bf16, a [S, R, K] bf16, slots [M] int (0: no adapter) → t [M, R] bf16."""
     m, k = x.shape
     r = a.shape[1]
-    split = SHRINK_SPLIT if m <= SPLIT_UP_TO_ROWS and k % (SHRINK_SPLIT * BLOCK_K) == 0 else 1
-    t = torch.empty((split, m, r), device=x.device,
-                    dtype=x.dtype if split == 1 else torch.float32)
+    t = torch.empty((m, r), device=x.device, dtype=x.dtype)
     if m:
-        _lora_shrink_kernel[(triton.cdiv(m, SHRINK_BLOCK_M), split)](
-            x, a, t, slots, m, K=k, R=r, BLOCK_M=SHRINK_BLOCK_M, BLOCK_K=BLOCK_K, SPLIT=split,
+        _lora_shrink_kernel[(triton.cdiv(m, SHRINK_BLOCK_M),)](
+            x, a, t, slots, m, K=k, R=r, BLOCK_M=SHRINK_BLOCK_M, BLOCK_K=BLOCK_K,
             NO_SLOT=NO_SLOT)
     return t
 
@@ -180,8 +156,7 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, b: torch
                 slots: torch.Tensor, bias: torch.Tensor | None = None,
                 swiglu: bool = False) -> torch.Tensor:
     """x Wᵀ (+ bias) + each row's t Bᵀ, [M, out] bf16; with `swiglu`, SiLU(gate) * up of that,
-    [M, out / 2]. x [M, K] and weight [out, K] contiguous bf16; t from lora_shrink;
-    b [S, out, R]."""
+    [M, out / 2]. x [M, K] and weight [out, K] contiguous bf16; t [M, R]; b [S, out, R]."""
     m, k = x.shape
     rows = weight.shape[0]
     if not fits(rows, k, swiglu):
@@ -195,8 +170,7 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, b: torch
             TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K]),
             TensorDescriptor.from_tensor(weight, [block_n, BLOCK_K]),
             t, b, slots, bias if bias is not None else t, out, m,
-            N=n, K=k, R=t.shape[2], SPLIT=t.shape[0], W_ROWS=rows, SWIGLU=swiglu,
-            HAS_BIAS=bias is not None,
+            N=n, K=k, R=t.shape[1], W_ROWS=rows, SWIGLU=swiglu, HAS_BIAS=bias is not None,
             BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, NO_SLOT=NO_SLOT,
             num_stages=NUM_STAGES, num_warps=NUM_WARPS,
         )
@@ -204,13 +178,11 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, b: torch
 
 
 def lora_add(y: torch.Tensor, t: torch.Tensor, b: torch.Tensor, slots: torch.Tensor) -> None:
-    """y [M, out] bf16 (x Wᵀ, contiguous) += each row's t Bᵀ, in place; t from lora_shrink,
-    b [S, out, R]."""
+    """y [M, out] bf16 (x Wᵀ, contiguous) += each row's t Bᵀ, in place; t [M, R], b [S, out, R]."""
     m, n = y.shape
     if not fits(n, 0, swiglu=False, add=True):
         raise ValueError(f"lora_add: {n} outputs do not fit the tiles")
     if m:
         _lora_add_kernel[(triton.cdiv(m, ADD_BLOCK_M), n // ADD_BLOCK_N)](
-            y, t, b, slots, m, N=n, R=t.shape[2], SPLIT=t.shape[0], BLOCK_M=ADD_BLOCK_M,
-            BLOCK_N=ADD_BLOCK_N,
+            y, t, b, slots, m, N=n, R=t.shape[1], BLOCK_M=ADD_BLOCK_M, BLOCK_N=ADD_BLOCK_N,
             NO_SLOT=NO_SLOT)

@@ -16,6 +16,11 @@ a hot query from pinning one replica: the first replica in that order whose outs
 with this job, stay within max(SPILL_FACTOR × mean, mean + SPILL_SLACK_JOBS × this job) takes it;
 the others follow by outstanding tokens. Replicas that come or go move only the keys they own.
 
+Adapter affinity (LoRA adapters, docs/API.md "Several rankers"): a job of an adapter is ranked
+the same way on the adapter's number, so each adapter has a home replica that loads it and
+keeps it in one of its slots, the replicas between them holding `lora.slots` × replicas
+adapters; under load the bound spills it to others, which load it too.
+
 Runs inside each ingress replica (Serve calls it in the caller of the scorer's handle); set on
 the scorer deployment by ranker_app/app.py.
 """
@@ -63,10 +68,15 @@ def job_tokens(pending_request: PendingRequest | None) -> int:
     return sum(s.num_tokens for s in getattr(job, "sequences", ()))  # a ScoreJob
 
 
-def _prefix_key(pending_request: PendingRequest | None) -> str | None:
+def affinity_key(pending_request: PendingRequest | None) -> str | None:
+    """The job's prefix key, else its adapter's; None for a job of the model without one."""
     if pending_request is None or not pending_request.args:
         return None
-    return getattr(pending_request.args[0], "prefix_key", None)  # a ScoreJob
+    job = pending_request.args[0]  # a ScoreJob
+    if getattr(job, "prefix_key", None) is not None:
+        return job.prefix_key
+    adapter = getattr(job, "adapter", 0)
+    return f"adapter {adapter}" if adapter else None
 
 
 @dataclass
@@ -100,7 +110,7 @@ class ScorerRouter(RequestRouter):
         totals = self.outstanding()
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         outstanding = {unique_id: totals.get(r.replica_id, 0) for unique_id, r in by_id.items()}
-        tokens, key = job_tokens(pending_request), _prefix_key(pending_request)
+        tokens, key = job_tokens(pending_request), affinity_key(pending_request)
         order = (rank_for_key(key, outstanding, tokens) if key is not None
                  else by_outstanding(outstanding))
         if pending_request is not None:  # counted at once: the next choice must see it

@@ -366,7 +366,7 @@ class AppConfig(_Settings):
 
     @property
     def model_names(self) -> list[str]:
-        """What a request's `model` may name: the model, then each adapter (its slot: the
+        """What a request's `model` may name: the model, then each adapter (its number: the
         index here)."""
         return [self.served_model_name, *(a.name for a in self.adapters)]
 

@@ -191,7 +191,7 @@ class ScoreJob:
     # Set when a scorer would cache the query: the request router sends equal keys to the
     # same replica (ranker_app/scorer_router.py).
     prefix_key: str | None = None
-    adapter: int = 0  # the LoRA adapter's slot (AppConfig.model_names); 0: the model itself
+    adapter: int = 0  # the LoRA adapter: its index in AppConfig.model_names; 0: the model itself
 
 
 @dataclass(frozen=True, slots=True)

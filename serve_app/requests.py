@@ -24,7 +24,7 @@ class Packed:
 
     sequences: list[PackedSequence]
     key: bytes | None
-    adapter: int = 0  # the LoRA adapter's slot; 0: the model itself
+    adapter: int = 0  # the LoRA adapter (its index in model_names); 0: the model itself
 
     def job(self, tokens: Tokenized) -> ScoreJob:
         return ScoreJob(self.sequences, tokens.label_ids, self.key, self.adapter)
@@ -42,7 +42,7 @@ class RequestPath:
         model = ModelConfig.from_folder(model_path)
         tokenizer = TextTokenizer(model_path)
         name = config.served_model_name
-        self.model_names = config.model_names  # a request's `model`: index = adapter slot
+        self.model_names = config.model_names  # a request's `model`: index = adapter number
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
         # Routing keys only for queries the scorers would cache (None: no cache, no key).
@@ -64,7 +64,7 @@ class RequestPath:
                        for version in ("1", "2")}
 
     def adapter_of(self, model: str | None) -> int:
-        """The adapter slot a request's `model` names (0: the model itself, also when `model`
+        """The adapter a request's `model` names (0: the model itself, also when `model`
         is absent). With adapters configured an unknown name is a 404 naming it; with none,
         any name is the one model, as clients hard-code their provider's model names."""
         if model is None or len(self.model_names) == 1:

@@ -15,16 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ranker_contract.config import YES_NO_PROMPT
+from tests.support.adapters import ALL, write_adapters
 from tools.prom import scrape
 from tools.service import FAST_METRICS_ENV, serving, small_model_config, wait_until
 
 pytestmark = pytest.mark.service
 
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {"ranker-a": dict(r=8, lora_alpha=16, target_modules=ALL),
             "ranker-b": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
                              use_rslora=True),
@@ -39,16 +38,7 @@ TOL = 1e-4  # fp32 engine against HF fp32, as the engine parity tests
 @pytest.fixture(scope="module")
 def rankers(small_model, tmp_path_factory):
     """name -> (adapter folder, merged model folder)."""
-    made = {}
-    for k, (name, settings) in enumerate(ADAPTERS.items()):
-        torch.manual_seed(100 + k)
-        model = get_peft_model(AutoModelForCausalLM.from_pretrained(small_model),
-                               LoraConfig(init_lora_weights=False, **settings))
-        folder = tmp_path_factory.mktemp(name)
-        model.save_pretrained(folder / "adapter")
-        model.merge_and_unload().save_pretrained(folder / "merged")
-        made[name] = (folder / "adapter", folder / "merged")
-    return made
+    return write_adapters(small_model, tmp_path_factory.mktemp("rankers"), ADAPTERS)
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ def replicas(*names: str) -> list[SimpleNamespace]:
             for n in names]
 
 
-def pending(key: str | None, tokens: int = 100) -> SimpleNamespace:
-    job = ScoreJob([pack_plain(list(range(tokens)), 0)], [1], key)
+def pending(key: str | None, tokens: int = 100, adapter: int = 0) -> SimpleNamespace:
+    job = ScoreJob([pack_plain(list(range(tokens)), 0)], [1], key, adapter)
     return SimpleNamespace(args=[job], routing_context=SimpleNamespace(should_backoff=False),
                            metadata=SimpleNamespace(internal_request_id=f"r{next(_ids)}"))
 
@@ -147,3 +147,20 @@ def test_several_routers_each_even_keep_the_replicas_even():
         for router_ in routers:
             totals.update({r.unique_id: t for r, t in router_.outstanding().items()})
         assert abs(totals["a"] - totals["b"]) <= len(routers) * max(sizes), totals
+
+
+def test_an_adapters_jobs_go_to_its_home_replica_from_every_router_and_adapters_spread():
+    """A job of a LoRA adapter has no prefix key: it is routed on its adapter, so that one
+    replica keeps each adapter loaded; jobs of the model alone still go by load."""
+    candidates = replicas("a", "b")
+    homes = {}
+    for adapter in range(1, 41):
+        homes[adapter] = send(new_router(), candidates, pending(None, adapter=adapter))
+        router = new_router()  # another ingress process, busy elsewhere: the same home
+        for _ in range(3):
+            assert send(router, candidates[::-1], pending(None, adapter=adapter)) \
+                == homes[adapter]
+    assert 10 <= Counter(h.unique_id for h in homes.values())["a"] <= 30
+    router = new_router()
+    chosen = {send(router, candidates, pending(None)) for _ in range(4)}
+    assert len(chosen) == 2  # the model's own jobs: by outstanding tokens, both replicas

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -179,8 +180,19 @@ def test_an_adapter_not_held_loads_on_first_use_in_place_of_the_least_recently_u
         return out
 
     first = {name: score(http, name) for name in ("ranker-a", "ranker-b")}  # now held
-    wait_until(lambda: len(counts()) == 6, 60, "the adapter series", service)
-    before = counts()
+    reads = [counts()]
+
+    def settled() -> bool:
+        """Every load and unload so far published: each load took a full slot, so there are
+        as many unloads, and nothing moves for a few publishing intervals."""
+        time.sleep(2)
+        reads.append(counts())
+        now, loads = reads[-1], [v for (kind, _), v in reads[-1].items() if kind == "loads"]
+        return (len(now) == 6 and now == reads[-2]
+                and sum(loads) == sum(now.values()) - sum(loads))
+
+    wait_until(settled, 60, "the adapter loads so far counted", service)
+    before = reads[-1]
     again = {name: score(http, name) for name in ("ranker-c", "ranker-a", "ranker-b")}
     for name in first:  # loaded again, the same scores
         assert ([math.log(p) for row in again[name] for p in row]

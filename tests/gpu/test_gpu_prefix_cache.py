@@ -84,7 +84,7 @@ def test_a_batch_without_a_cacheable_query_replays_its_graph(fast_engine, graph_
     short = request(rng, query(rng, 63), 10, 180)  # below prefix_cache_min_tokens
     assert engine.graphs.pick(short, 10, 20) is not None
     replays, replay = [], engine.graphs.launch
-    engine.graphs.launch = lambda *args: replays.append(1) or replay(*args)
+    engine.graphs.launch = lambda *args, **kw: replays.append(1) or replay(*args, **kw)
     within(run_batch(engine, short), run_batch(fast_engine, short), "short query, idle")
     assert replays == [1]
     assert dataclasses.astuple(engine.prefix_cache.stats) == looked_up

@@ -6,7 +6,8 @@ tools/random_model.py) and a Prometheus that scrapes Ray's service-discovery fil
 Ray's token authentication on; checks that every counter series the board plots exists at 0
 before any traffic; then sends traffic with bad requests (400, 413), refusals (503: a full scorer
 queue) and drops (clients that hang up, requests past their timeout: 408) and runs every query
-of the board through Prometheus's HTTP API. It fails (exit 1) unless every query returns data,
+of the board through Prometheus's HTTP API, its model selector set to All (each query of a metric
+with a `model` label must filter by it). It fails (exit 1) unless every query returns data,
 the error, refusal and drop panels show the events in their rate, and what Prometheus counted
 over the run equals what was sent, first events included. Prints a table of panel -> value.
 
@@ -57,9 +58,15 @@ METRICS_REPORT_S = 1.5  # the scorer publishes every 0.5 s, Ray exports every 1 
 TRICKLE_RPS = 1.5  # well below what one scorer does on a busy 2-core box
 DEADLINE_S = 90  # for any state awaited (series scraped, counts settled)
 JSON = {"Content-Type": "application/json"}
-# A panel expression `rate(METRIC[1m])` counts the events of the run as `(METRIC - METRIC offset
-# Ws)`: exact (counters start at 0), and empty for a series that did not exist W s ago.
-RATE = re.compile(r"rate\((ray_ranker_\w+_total)\[1m\]\)")
+# A panel expression `rate(METRIC[1m])` (or `rate(METRIC{...}[1m])`) counts the events of the
+# run as `(METRIC{...} - METRIC{...} offset Ws)`: exact (counters start at 0), and empty for a
+# series that did not exist W s ago.
+RATE = re.compile(r"rate\((ray_ranker_\w+_total)(\{[^}]*\})?\[1m\]\)")
+# The board's model selector: the metrics with a `model` label are filtered by it, and the check
+# reads the board as Grafana does with "All" chosen (the variable's allValue).
+MODEL_FILTER = 'model=~"$model"'
+MODEL_METRICS = ("ray_ranker_requests_total", "ray_ranker_errors_total",
+                 "ray_ranker_request_latency_ms_bucket", "ray_ranker_items_total")
 
 # Bad requests and the status each must get.
 BAD = [
@@ -284,6 +291,9 @@ def check_panels(prom, traffic: Traffic, dropped: float, started: float,
     for panel in json.loads(BOARD.read_text())["panels"]:
         for target in panel.get("targets", []):
             expr, title = target["expr"], panel["title"]
+            if any(m in expr for m in MODEL_METRICS) and MODEL_FILTER not in expr:
+                problems.append(f"{title}: {expr} ignores the model selector")
+            expr = expr.replace("$model", model_all())
             legend = target.get("legendFormat", "")
             result = prom.query(expr, at)
             if not result or any(not math.isfinite(float(r["value"][1])) for r in result):
@@ -306,7 +316,8 @@ def check_counts(prom, expr: str, metric: str, result: list[dict], traffic: Traf
     sent. Returns (counted, sent) for the table."""
     grouped = re.match(r"sum by \(([^)]*)\)", expr)
     keys = tuple(k.strip() for k in grouped[1].split(",")) if grouped else ()
-    run_expr = RATE.sub(lambda m: f"({m[1]} - {m[1]} offset {window_s}s)", expr)
+    run_expr = RATE.sub(lambda m: f"({m[1]}{m[2] or ''} - {m[1]}{m[2] or ''} offset {window_s}s)",
+                        expr)
     got, now = by_labels(prom.query(run_expr, at), keys), by_labels(result, keys)
     if keys == ("replica",):  # items per replica: the run's total is what was sent
         got, now = {(): sum(got.values())}, {(): sum(now.values())}
@@ -321,6 +332,12 @@ def check_counts(prom, expr: str, metric: str, result: list[dict], traffic: Traf
     show = lambda counts: ", ".join(f"{'/'.join(k) or 'all'}={v:g}"  # noqa: E731
                                     for k, v in sorted(counts.items()) if v or not keys)
     return show(got), show(want)
+
+
+def model_all() -> str:
+    """The board's model selector's value for "All"."""
+    variables = json.loads(BOARD.read_text())["templating"]["list"]
+    return next(v["allValue"] for v in variables if v["name"] == "model")
 
 
 def legend_of(fmt: str, labels: dict[str, str]) -> str:

@@ -11,7 +11,7 @@ B tile (other rows masked to zero) into the same fp32 accumulator before the onl
 gate and up to bf16 first, as the unfused path does. A tile meets every adapter between its
 rows' smallest and largest slot; the scheduler sorts a batch by adapter, so that is one or two.
 Adapters are stacked per linear: A [S, R, K] and B [S, out, R], slot s (1-based) at s - 1, R the
-largest padded Σr (gpu_worker/lora.py, RANK_ALIGN). `lora_add`: y += t Bᵀ in place, each row's
+slots' width (gpu_worker/lora.py, slot_rank). `lora_add`: y += t Bᵀ in place, each row's
 own B, after the base GEMM ran on cuBLAS: for o and down, whose output is narrow (hidden wide),
 the fused GEMM's fixed tiles leave half of the SMs idle on a small batch, while one more read
 and write of that output is cheap. Their torch reference is LoraLinear's slice path

@@ -39,10 +39,9 @@ class Prepare:
         prepared, errors = [], []
         for row in batch.to_pylist():
             try:
-                req = route.parse(request_body(self.kind, row))
-                adapter = self.path.adapter_of(req.model)
-                tokens = route.tokenize_now(req)
-                packed = self.path.pack(route, tokens, adapter)
+                own, req, adapter = self.path.parse(route, request_body(self.kind, row))
+                tokens = own.tokenize_now(req)
+                packed = self.path.pack(own, tokens, adapter)
             except ApiError as exc:
                 prepared.append(None)
                 errors.append(f"{exc.status} {exc.message}")
@@ -82,7 +81,7 @@ class Score:
         req, tokens, packed = pickle.loads(request)
         results = (await self.scorer.scheduler.run_job(packed.job(tokens))).results \
             if packed.sequences else []
-        route = _route(self.path, self.kind)
+        route = self.path.route_for(_route(self.path, self.kind), packed.adapter)
         return answer_columns(self.kind, self.path.respond(route, req, tokens, packed, results))
 
     def __del__(self) -> None:

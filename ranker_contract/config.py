@@ -252,12 +252,29 @@ YES_NO_PROMPT = RerankPrompt(
 BUILTIN_PROMPTS = {"qwen3": QWEN3_PROMPT, "yes_no": YES_NO_PROMPT}
 
 
-class RerankConfig(_Settings):
+class RerankPromptChoice(_Settings):
+    """Which rerank prompt: a built-in one or a custom one, and its default instruction."""
+
     template: Literal["yes_no", "qwen3", "custom"] = Field(
         "yes_no", description="a built-in prompt, or `custom` (then `prompt` is required)")
     prompt: RerankPrompt | None = Field(None, description="the custom template's strings")
     default_instruction: str | None = Field(
         None, description="overrides the template's default instruction; requests may override")
+
+    @model_validator(mode="after")
+    def _custom_needs_prompt(self) -> RerankPromptChoice:
+        if (self.template == "custom") != (self.prompt is not None):
+            raise ValueError("rerank.prompt is required with template 'custom' and only then")
+        return self
+
+    def resolved_prompt(self) -> RerankPrompt:
+        prompt = self.prompt if self.prompt is not None else BUILTIN_PROMPTS[self.template]
+        if self.default_instruction is None:
+            return prompt
+        return prompt.model_copy(update={"default_instruction": self.default_instruction})
+
+
+class RerankConfig(RerankPromptChoice):
     chunk_overlap_tokens: int = Field(
         0, ge=0, description="a document longer than fits is scored in chunks, its score the "
         "best chunk's (docs/API.md, \"Long documents\"); each chunk repeats this many tokens "
@@ -271,19 +288,11 @@ class RerankConfig(_Settings):
         "then serves as a one-class classifier on /v1/score too")
 
     @model_validator(mode="after")
-    def _custom_needs_prompt(self) -> RerankConfig:
-        if (self.template == "custom") != (self.prompt is not None):
-            raise ValueError("rerank.prompt is required with template 'custom' and only then")
+    def _labels_for_the_head(self) -> RerankConfig:
         if self.classifier_from_labels and self.resolved_prompt().yes_label is None:
             raise ValueError("rerank.classifier_from_labels needs the template's yes_label and "
                              "no_label")
         return self
-
-    def resolved_prompt(self) -> RerankPrompt:
-        prompt = self.prompt if self.prompt is not None else BUILTIN_PROMPTS[self.template]
-        if self.default_instruction is None:
-            return prompt
-        return prompt.model_copy(update={"default_instruction": self.default_instruction})
 
 
 class AuthConfig(_Settings):
@@ -320,6 +329,9 @@ class AdapterConfig(_Settings):
     name: str = Field(min_length=1, description="what a request's `model` names it by")
     path: str = Field(description="a peft folder (adapter_config.json + "
                       "adapter_model.safetensors); relative paths start at the repository")
+    rerank: RerankPromptChoice | None = Field(
+        None, description="its own rerank prompt (template, prompt, default_instruction), where "
+        "it was trained on another than the model's (`rerank`)")
 
 
 class LoraConfig(_Settings):
@@ -359,6 +371,10 @@ class AppConfig(_Settings):
         if len(set(names)) < len(names):
             raise ValueError(f"adapters: every name must differ from the others and from "
                              f"served_model_name: {names}")
+        if self.rerank.classifier_from_labels and any(a.rerank for a in self.adapters):
+            raise ValueError("adapters: a rerank prompt of an adapter's own needs "
+                             "rerank.classifier_from_labels off (the head is the model's yes "
+                             "and no rows)")
         if self.adapters and self.engine.precision != "bf16":
             raise ValueError("adapters need engine.precision bf16 (an FP8 base is not "
                              "supported yet)")

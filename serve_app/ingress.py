@@ -273,8 +273,7 @@ class ScoreIngress:
         """parse → tokenize → pack → await a scorer → merge → respond, each step timed; the
         routes differ only in their own steps (serve_app/routes.py). `seen`: what the metrics
         label the request with, filled in as it becomes known."""
-        req = route.parse(await request.body())
-        adapter = self.path.adapter_of(req.model)
+        route, req, adapter = self.path.parse(route, await request.body())
         seen.model = self.path.model_names[adapter]
         parsed = time.perf_counter()
         tokens = await route.tokenize(req)

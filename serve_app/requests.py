@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ranker_contract.config import AppConfig
+from ranker_contract.config import AppConfig, RerankPromptChoice
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence, ScoreJob, merge_results, prefix_key
 from serve_app.protocol import ApiError
@@ -53,15 +53,36 @@ class RequestPath:
         self.score = ScoreRoute(self.limits, model.vocab_size, tokenizer, name, model.num_labels)
         # On a causal LM, a label that is not exactly one token fails the start, naming it; a
         # classifier scores with its head and reads no label tokens.
-        prompt = config.rerank.resolved_prompt()
-        prompter = RerankPrompter(prompt, tokenizer, label_tokens=not model.is_classifier
-                                  or config.rerank.classifier_from_labels,
-                                  window=min(self.max_context, self.limits.max_seq_tokens),
-                                  chunk_overlap=config.rerank.chunk_overlap_tokens,
-                                  max_query_tokens=config.rerank.max_query_tokens)
-        self.rerank = {version: RerankRoute(prompter, prompt.default_instruction, self.limits,
-                                            name, version, model.num_labels)
-                       for version in ("1", "2")}
+
+        def rerank_routes(choice: RerankPromptChoice) -> dict[str, RerankRoute]:
+            prompt = choice.resolved_prompt()
+            prompter = RerankPrompter(prompt, tokenizer, label_tokens=not model.is_classifier
+                                      or config.rerank.classifier_from_labels,
+                                      window=min(self.max_context, self.limits.max_seq_tokens),
+                                      chunk_overlap=config.rerank.chunk_overlap_tokens,
+                                      max_query_tokens=config.rerank.max_query_tokens)
+            return {version: RerankRoute(prompter, prompt.default_instruction, self.limits,
+                                         name, version, model.num_labels)
+                    for version in ("1", "2")}
+
+        self.rerank = rerank_routes(config.rerank)
+        # (adapter, the model's rerank route) -> the adapter's own, where it has a prompt
+        self._own_routes: dict[tuple[int, Route], Route] = {}
+        for adapter, settings in enumerate(config.adapters, 1):
+            if settings.rerank is not None:
+                for version, own in rerank_routes(settings.rerank).items():
+                    self._own_routes[(adapter, self.rerank[version])] = own
+
+    def parse(self, route: Route, body: bytes):
+        """The request on the route its model serves it by: (route, request, adapter)."""
+        req = route.parse(body)
+        adapter = self.adapter_of(req.model)
+        own = self.route_for(route, adapter)
+        return (own, own.parse(body), adapter) if own is not route else (route, req, adapter)
+
+    def route_for(self, route: Route, adapter: int) -> Route:
+        """An adapter's own rerank route where it has its own prompt, else `route`."""
+        return self._own_routes.get((adapter, route), route)
 
     def adapter_of(self, model: str | None) -> int:
         """The adapter a request's `model` names (0: the model itself, also when `model`

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ranker_contract.config import YES_NO_PROMPT
+from ranker_contract.config import YES_NO_PROMPT, RerankPrompt
 from tests.support.adapters import ALL, write_adapters
 from tools.prom import scrape
 from tools.service import FAST_METRICS_ENV, serving, small_model_config, wait_until
@@ -30,6 +30,11 @@ ADAPTERS = {"ranker-a": dict(r=8, lora_alpha=16, target_modules=ALL),
                              use_rslora=True),
             "ranker-c": dict(r=16, lora_alpha=32, target_modules=["o_proj", "gate_proj",
                                                                   "up_proj"])}
+# ranker-c's own rerank prompt (the others read the model's, YES_NO_PROMPT)
+OWN_PROMPT = RerankPrompt(prefix="Question: {query}\nTask: {instruction}\nPassage: ",
+                          suffix="\nIs the passage relevant, yes or no?\nAnswer:",
+                          yes_label="yes", no_label="no",
+                          default_instruction="Judge the passage.")
 LABELS = [10539, 5230]  # " Yes", " No" in the small model's (SmolLM2's) vocabulary
 QUERY = "Is the sky blue on a clear day?"
 ITEMS = ["Yes, the sky is blue.", "No.", "Grass is green and the sea is wide."]
@@ -48,6 +53,8 @@ def service(small_model, rankers):
     config["applications"][0]["args"]["adapters"] = [
         {"name": name, "path": str(adapter)} for name, (adapter, _) in rankers.items()]
     config["applications"][0]["args"]["lora"] = {"slots": 2}
+    config["applications"][0]["args"]["adapters"][2]["rerank"] = {
+        "template": "custom", "prompt": OWN_PROMPT.model_dump()}
     with serving(config, FAST_METRICS_ENV) as running:
         yield running
 
@@ -146,19 +153,21 @@ def test_the_model_by_its_name_or_no_name_is_the_base(http, small_model):
             assert [math.log(p) for p in row] == pytest.approx(ref, abs=TOL)
 
 
+@pytest.mark.parametrize(("name", "prompt"), [("ranker-b", YES_NO_PROMPT),
+                                            ("ranker-c", OWN_PROMPT)])
 def test_rerank_with_an_adapter_reads_its_template_through_the_adapter(http, rankers,
-                                                                       small_model):
+                                                                       small_model, name, prompt):
+    """The model's rerank prompt, or the adapter's own where it has one (ranker-c)."""
     docs = ["The sky is blue because air scatters blue light.", "Bananas are yellow."]
-    r = http.post("/v2/rerank", json={"model": "ranker-b", "query": QUERY, "documents": docs})
+    r = http.post("/v2/rerank", json={"model": name, "query": QUERY, "documents": docs})
     assert r.status_code == 200, r.text
     got = {res["index"]: res["relevance_score"] for res in r.json()["results"]}
-    prefix = YES_NO_PROMPT.prefix.format(query=QUERY,
-                                         instruction=YES_NO_PROMPT.default_instruction)
+    prefix = prompt.prefix.format(query=QUERY, instruction=prompt.default_instruction)
     tok = AutoTokenizer.from_pretrained(small_model)
     yes, no = (tok.convert_tokens_to_ids(t) for t in ("yes", "no"))
-    model = AutoModelForCausalLM.from_pretrained(rankers["ranker-b"][1]).eval()
+    model = AutoModelForCausalLM.from_pretrained(rankers[name][1]).eval()
     for k, doc in enumerate(docs):
-        ids = tok(prefix + doc + YES_NO_PROMPT.suffix)["input_ids"]
+        ids = tok(prefix + doc + prompt.suffix)["input_ids"]
         with torch.inference_mode():
             logits = model(torch.tensor([ids])).logits[0, -1].float()
         want = torch.sigmoid(logits[yes] - logits[no]).item()

@@ -72,6 +72,21 @@ def score(http, model=None, query=QUERY, items=ITEMS):
     return r.json()["scores"]
 
 
+def wait_for_growth(counts, before: dict, want: dict, what: str, service) -> None:
+    """Wait until `counts()` has grown from `before` by exactly `want` (key -> growth)."""
+    seen: dict = {}
+
+    def counted() -> bool:
+        now = counts()
+        seen.update({k: now.get(k, 0) - before.get(k, 0) for k in want})
+        return seen == want
+
+    try:
+        wait_until(counted, 60, what, service)
+    except TimeoutError:
+        pytest.fail(f"counted {seen}, not {want}")
+
+
 def hf_logprobs(folder, tokenizer_folder, text_pairs):
     """Label log-probs of HF transformers (fp32) after each (query, item) text, tokenized as
     the service tokenizes /v1/score text: the query with special tokens, the item without."""
@@ -118,17 +133,7 @@ def test_metrics_count_requests_and_items_by_model(service, http):
             ("ray_ranker_items_total", "ranker-a", ""): 2 * len(ITEMS),
             ("ray_ranker_items_total", served, ""): len(ITEMS),
             ("ray_ranker_items_total", "ranker-b", ""): 0}
-    seen: dict = {}
-
-    def counted() -> bool:
-        now = counts()
-        seen.update({k: now.get(k, 0) - before.get(k, 0) for k in want})
-        return seen == want
-
-    try:
-        wait_until(counted, 60, "requests and items counted by model", service)
-    except TimeoutError:
-        pytest.fail(f"counted {seen}, not {want}")
+    wait_for_growth(counts, before, want, "requests and items counted by model", service)
 
 
 def test_models_lists_the_model_and_its_adapters(http):
@@ -207,17 +212,7 @@ def test_an_adapter_not_held_loads_on_first_use_in_place_of_the_least_recently_u
         assert ([math.log(p) for row in again[name] for p in row]
                 == pytest.approx([math.log(p) for row in first[name] for p in row], abs=1e-5))
     want = {(kind, name): 1 for kind in ("loads", "unloads") for name in ADAPTERS}
-    seen: dict = {}
-
-    def counted() -> bool:
-        now = counts()
-        seen.update({k: now.get(k, 0) - before.get(k, 0) for k in want})
-        return seen == want
-
-    try:
-        wait_until(counted, 60, "loads and unloads counted by model", service)
-    except TimeoutError:
-        pytest.fail(f"counted {seen}, not {want}")
+    wait_for_growth(counts, before, want, "loads and unloads counted by model", service)
 
 
 def test_requests_of_several_adapters_at_once_score_as_each_alone(http):

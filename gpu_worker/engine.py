@@ -95,6 +95,8 @@ class Engine:
         # Adapters: slot k + 1 holds adapters[k] (None: empty). The slots are allocated before
         # the graphs, which read them, and before the batch budget is measured.
         self.adapters: list[Adapter | None] = []
+        self._adapter_keys: list[bytes] = []  # per slot: whose K/V the prefix cache keeps
+        self._loads = 0
         self.lora: LoraBatch | None = None
         self._lora_linears: dict = {}  # (layer, packed linear name) -> its LoraLinear
         self.max_rank = 0
@@ -105,6 +107,7 @@ class Engine:
             self._lora_linears = lora_linears(model, self.lora, lora.slots, lora.max_rank,
                                               self.ops.fused_gate_up)
             self.adapters = [None] * lora.slots
+            self._adapter_keys = [b""] * lora.slots
             self.max_rank = lora.max_rank
         self._lora_kernels = any(x.kernels for x in self._lora_linears.values())
         # LoRA graphs need every linear on the kernels: a graph's rows name their slots
@@ -123,6 +126,10 @@ class Engine:
         for key, linear in self._lora_linears.items():
             linear.put(slot, adapter.pairs.get(key))
         self.adapters[slot - 1] = adapter
+        # A new key on every load: the prefix cache never serves K/V of what the slot held
+        # before, nor of an earlier read of this folder (its files may have changed since).
+        self._loads += 1
+        self._adapter_keys[slot - 1] = self._loads.to_bytes(8, "little")
 
     def check_adapter(self, adapter: Adapter) -> None:
         """Raise ModelFolderError where this engine's slots cannot hold the adapter."""
@@ -170,33 +177,38 @@ class Engine:
         cost more GPU time than the eager kernels; docs/ARCHITECTURE.md, "CUDA graphs").
         `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache.
         `adapters`: per sequence, the slot of its LoRA adapter (put_adapter; 0 the base); a batch
-        with any runs without the prefix cache, whose K/V are the base model's, and eagerly
-        unless the graphs were captured with LoRA (on Hopper)."""
+        with any runs eagerly unless the graphs were captured with LoRA (on Hopper). The prefix
+        cache keeps an adapter's K/V apart from the base's and every other adapter's."""
         with_lora = adapters is not None and any(adapters)
         if with_lora and any(slot and (slot > len(self.adapters) or self.adapters[slot - 1]
                                        is None) for slot in adapters):
             raise ValueError(f"adapter slots {sorted(set(adapters))}: this engine holds "
                              f"adapters in {[k + 1 for k, a in enumerate(self.adapters) if a]}")
         eager = with_lora and not (self.graphs is not None and self.graphs.lora)
-        plan = self.plan(sequences, label_ids_per_sequence, overlapped or eager,
-                         use_cache and not with_lora)
-        plan.adapters = adapters if with_lora else None
+        plan = self.plan(sequences, label_ids_per_sequence, overlapped or eager, use_cache,
+                         adapters if with_lora else None)
         return self._replay(plan) if plan.graph is not None else self._run_eager(plan)
 
     def plan(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-             overlapped: bool = False, use_cache: bool = True) -> BatchPlan:
+             overlapped: bool = False, use_cache: bool = True,
+             adapters: list[int] | None = None) -> BatchPlan:
         """Host work only. A batch with a query the prefix cache may keep runs eagerly through
         the cache, idle or not: a graph cannot read or fill it, and a query left out when idle is
         a miss when it returns (docs/ARCHITECTURE.md, "Prefix cache")."""
         items_and_labels = [(s.num_items, len(ids))
                             for s, ids in zip(sequences, label_ids_per_sequence)]
-        plan = BatchPlan(sequences, label_ids_per_sequence, items_and_labels)
+        plan = BatchPlan(sequences, label_ids_per_sequence, items_and_labels,
+                         adapters=adapters)
         cache = self.prefix_cache if use_cache else None
         if cache is not None and any(cache.may_keep(s) for s in sequences):
-            plan.cache = cache.plan(sequences)  # without their cached query rows, readers first
+            owners = [self._adapter_keys[slot - 1] if slot else b""
+                      for slot in adapters] if adapters else None
+            plan.cache = cache.plan(sequences, owners)  # without cached query rows, readers first
             plan.sequences = plan.cache.sequences
             plan.label_ids = [label_ids_per_sequence[i] for i in plan.cache.order]
             plan.items_and_labels = [items_and_labels[i] for i in plan.cache.order]
+            if adapters:
+                plan.adapters = [adapters[i] for i in plan.cache.order]
         elif self.graphs is not None and not overlapped:
             plan.graph = self.graphs.pick(sequences, sum(n for n, _ in items_and_labels),
                                           sum(n * labels for n, labels in items_and_labels))

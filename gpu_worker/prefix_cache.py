@@ -12,8 +12,9 @@ rows, positions unchanged, so it computes what the whole sequence would have at 
 The query rows it computes are copied into new pages as each layer runs, before that layer's
 attention: any sequence of the same batch already reads them.
 
-Only queries (never item rows) are cached, keyed on their exact token ids: a pool belongs to
-one engine, so model, dtype and precision are fixed. Pages are evicted least-recently used, a
+Only queries (never item rows) are cached, keyed on their exact token ids and on the adapter
+whose K/V they are (an `owner`: b"" for the model alone): a pool belongs to one engine, so model,
+dtype and precision are fixed. Pages are evicted least-recently used, a
 query's deeper pages before its first ones. Nothing here waits on the GPU: every batch runs on
 one CUDA stream, so a batch that evicts a page and writes its slots runs after every earlier
 batch that read them; a batch never evicts a page it uses itself (else it computes the rest of
@@ -88,10 +89,10 @@ def cached_form(seq: PackedSequence, cached: int) -> PackedSequence:
     )
 
 
-def page_keys(raw: bytes, page_tokens: int) -> list[tuple[bytes, bytes]]:
-    """(digest, ids) of each page of a query given as int32 bytes: the digest chains every id up
-    to the page's end."""
-    pages, digest, step = [], b"", 4 * page_tokens
+def page_keys(raw: bytes, page_tokens: int, owner: bytes = b"") -> list[tuple[bytes, bytes]]:
+    """(digest, ids) of each page of a query given as int32 bytes: the digest chains the owner
+    and every id up to the page's end."""
+    pages, digest, step = [], owner, 4 * page_tokens
     for start in range(0, len(raw), step):
         ids = raw[start:start + step]
         digest = hashlib.blake2b(digest + ids, digest_size=16).digest()
@@ -119,7 +120,8 @@ class PrefixCache:
         self.free = array.array("i", range(capacity_tokens))  # compact: no GC scans it
         self.pages: OrderedDict[bytes, _Page] = OrderedDict()  # digest → page, LRU first
         self.stats = PrefixCacheStats()
-        self._recent_keys: OrderedDict[bytes, list[tuple[bytes, bytes]]] = OrderedDict()
+        self._recent_keys: OrderedDict[tuple[bytes, bytes],
+                                       list[tuple[bytes, bytes]]] = OrderedDict()
 
     @staticmethod
     def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -128,8 +130,10 @@ class PrefixCache:
     def may_keep(self, seq: PackedSequence) -> bool:
         return cacheable_query(seq, self.min_tokens, self.min_share)
 
-    def plan(self, sequences: list[PackedSequence]) -> CachePlan:
-        """Look up, insert and evict for one batch (host work only)."""
+    def plan(self, sequences: list[PackedSequence],
+             owners: list[bytes] | None = None) -> CachePlan:
+        """Look up, insert and evict for one batch (host work only). `owners[i]`: whose K/V
+        sequences[i] computes (its adapter's key; b"" or no list: the model alone)."""
         used: set[bytes] = set()  # pages this batch reads or writes: never evicted by it
         # (index in `sequences`, sequence as run, its cached slots, slots for its new pages)
         readers: list[tuple[int, PackedSequence, array.array, array.array | None]] = []
@@ -139,7 +143,7 @@ class PrefixCache:
             if not self.may_keep(seq):
                 others.append((index, seq, None, None))
                 continue
-            keys = self._keys(seq.input_ids[: seq.prefix_len])
+            keys = self._keys(seq.input_ids[: seq.prefix_len], owners[index] if owners else b"")
             found = 0  # pages cached, from the first
             while found < len(keys) and self._has(*keys[found]):
                 found += 1
@@ -169,15 +173,15 @@ class PrefixCache:
         self.stats.cached_tokens = self.capacity - len(self.free)
         return plan
 
-    def _keys(self, query: list[int]) -> list[tuple[bytes, bytes]]:
-        raw = array.array("i", query).tobytes()
-        keys = self._recent_keys.get(raw)
+    def _keys(self, query: list[int], owner: bytes) -> list[tuple[bytes, bytes]]:
+        recent = (owner, array.array("i", query).tobytes())
+        keys = self._recent_keys.get(recent)
         if keys is None:
-            keys = self._recent_keys[raw] = page_keys(raw, self.page_tokens)
+            keys = self._recent_keys[recent] = page_keys(recent[1], self.page_tokens, owner)
             if len(self._recent_keys) > RECENT_QUERIES:
                 self._recent_keys.popitem(last=False)
         else:
-            self._recent_keys.move_to_end(raw)
+            self._recent_keys.move_to_end(recent)
         return keys
 
     def _has(self, digest: bytes, ids: bytes) -> bool:

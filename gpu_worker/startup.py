@@ -120,9 +120,10 @@ def warm_up(engine, budget_tokens: int, max_seq_tokens: int) -> None:
     loaded = [slot for slot, adapter in enumerate(engine.adapters, 1) if adapter]
     if loaded:  # one adapter's run (widened GEMMs: every slot has the same width), then several
         batch = warm_up_batches(budget_tokens, max_seq_tokens)[0]  # (gpu_worker/lora_kernel.py)
-        _run(engine, batch, overlapped=True, adapters=[loaded[0]] * len(batch))
+        _run(engine, batch, overlapped=True, use_cache=False,
+             adapters=[loaded[0]] * len(batch))
         mixed = [0, *loaded]
-        _run(engine, batch, overlapped=True,
+        _run(engine, batch, overlapped=True, use_cache=False,
              adapters=[mixed[k % len(mixed)] for k in range(len(batch))])
     cache = engine.prefix_cache
     if cache is not None:  # then emptied: warm-up never counts as a hit

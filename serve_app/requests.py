@@ -97,10 +97,13 @@ class RequestPath:
 
     def pack(self, route: Route, tokens: Tokenized, adapter: int = 0) -> Packed:
         """The request's sequences ([] for no items); limits are 4xx naming the item. A
-        scorer's prefix cache holds the model's own K/V, so only its jobs get a cache key."""
+        scorer's prefix cache keeps each adapter's K/V of a query apart, so the routing key
+        names the adapter too."""
         sequences = pack(tokens.prefix, tokens.items, self.limits, self.max_context,
                          item_first=tokens.item_first, field=route.field)
-        key = prefix_key(sequences, *self.cacheable) if self.cacheable and not adapter else None
+        key = prefix_key(sequences, *self.cacheable) if self.cacheable else None
+        if key is not None and adapter:
+            key = f"{key} adapter {adapter}"
         return Packed(sequences, key, adapter)
 
     def respond(self, route: Route, req, tokens: Tokenized, packed: Packed,

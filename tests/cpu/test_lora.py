@@ -106,13 +106,12 @@ def test_an_adapter_of_another_base_shape_is_refused(tiny_checkpoint, tmp_path):
                      torch.device("cpu"))
 
 
-def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_batch(
-        tiny_checkpoint, tmp_path):
-    """Sequences of two adapters and of the base in one batch: each scores as the engine built
-    on peft's merge_and_unload() of its adapter (or on the base) scores it alone, in fp32. Then
-    a slot loaded over (an adapter unloaded for another) scores as the new adapter alone."""
-    base_folder = tiny_checkpoint("qwen3")
-    cfg = ModelConfig.from_folder(base_folder)
+@pytest.fixture(scope="module")
+def two_adapters(tiny_checkpoint, tmp_path_factory):
+    """Two seeded peft adapters of the tiny qwen3 checkpoint (rank 4 on all seven projections;
+    rank 8 on three), with an engine on each one's merge_and_unload(): (base folder, its
+    config, the adapters' folders, the merged engines)."""
+    base_folder, tmp_path = tiny_checkpoint("qwen3"), tmp_path_factory.mktemp("adapters")
     folders, merged_engines = [], []
     for k, settings in enumerate([dict(r=4, lora_alpha=8, target_modules=ALL),
                                   dict(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj",
@@ -125,6 +124,22 @@ def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_b
         peft_model.merge_and_unload().save_pretrained(merged)
         folders.append(tmp_path / f"adapter{k}")
         merged_engines.append(Engine.from_config(merged, EngineConfig()))
+    return base_folder, ModelConfig.from_folder(base_folder), folders, merged_engines
+
+
+def worst_difference(got, want) -> float:
+    """max |Δ log-prob| over sequences × items × labels of the same shape."""
+    return max(abs(g - w) for gseq, wseq in zip(got, want, strict=True)
+               for grow, wrow in zip(gseq, wseq, strict=True)
+               for g, w in zip(grow, wrow, strict=True))
+
+
+def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_batch(
+        two_adapters):
+    """Sequences of two adapters and of the base in one batch: each scores as the engine built
+    on peft's merge_and_unload() of its adapter (or on the base) scores it alone, in fp32. Then
+    a slot loaded over (an adapter unloaded for another) scores as the new adapter alone."""
+    base_folder, cfg, folders, merged_engines = two_adapters
     engine = Engine.from_config(base_folder, EngineConfig(), lora=Slots(slots=3, max_rank=8))
     slots = [engine.add_adapter(load_adapter(f, cfg, torch.float32, torch.device("cpu")))
              for f in folders]
@@ -141,13 +156,10 @@ def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_b
     labels = [[3, 17]] * len(sequences)
     mixed = engine.finish(engine.launch(sequences, labels, adapters=adapters))
     alone = Engine.from_config(base_folder, EngineConfig())
-    worst = 0.0
     for seq, slot, got in zip(sequences, adapters, mixed, strict=True):
         reference = merged_engines[slot - 1] if slot else alone
-        want = reference.finish(reference.launch([seq], [[3, 17]]))[0]
-        worst = max(worst, *(abs(g - w) for grow, wrow in zip(got, want, strict=True)
-                             for g, w in zip(grow, wrow, strict=True)))
-    assert worst <= 1e-5, worst
+        want = reference.finish(reference.launch([seq], [[3, 17]]))
+        assert worst_difference([got], want) <= 1e-5, slot
     base_again = engine.finish(engine.launch(sequences, labels))
     plain = alone.finish(alone.launch(sequences, labels))
     assert base_again == plain  # without adapters the engine is the base model, bit for bit
@@ -164,3 +176,45 @@ def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_b
     small = Engine.from_config(base_folder, EngineConfig(), lora=Slots(slots=1, max_rank=4))
     with pytest.raises(ModelFolderError, match="rank 8 is above lora.max_rank 4"):
         small.add_adapter(load_adapter(folders[1], cfg, torch.float32, torch.device("cpu")))
+
+
+def test_the_prefix_cache_keeps_each_adapters_query_apart(two_adapters):
+    """One query under the base and two adapters: each is cached apart (a second batch hits all
+    three, in another order) and each hit scores as its adapter's merged model, within the
+    multi-item bound; after its slot is loaded over, the query under the new adapter is a miss,
+    never the old adapter's K/V."""
+    base_folder, cfg, folders, merged_engines = two_adapters
+    engine = Engine.from_config(
+        base_folder, EngineConfig(prefix_cache={"tokens": 512, "min_tokens": 8,
+                                                "page_tokens": 16}),
+        lora=Slots(slots=2, max_rank=8))
+    for folder in folders:
+        engine.add_adapter(load_adapter(folder, cfg, torch.float32, torch.device("cpu")))
+    rng = random.Random(5)
+
+    def ids(n):
+        return [rng.randrange(1, cfg.vocab_size) for _ in range(n)]
+
+    query, labels = ids(40), [3, 17]
+    alone = Engine.from_config(base_folder, EngineConfig())
+    reference = {0: alone, 1: merged_engines[0], 2: merged_engines[1]}
+
+    def run(adapters):
+        sequences = [pack_multi_item(query, [ids(4), ids(6)], 0) for _ in adapters]
+        got = engine.finish(engine.launch(sequences, [labels] * len(sequences),
+                                          adapters=adapters))
+        for seq, slot, scores in zip(sequences, adapters, got, strict=True):
+            want = reference[slot].finish(reference[slot].launch([seq], [labels]))
+            assert worst_difference([scores], want) <= 1e-5, (slot, adapters)
+        return got
+
+    first = run([1, 0, 2])
+    stats = engine.prefix_cache.stats
+    assert (stats.misses, stats.hits) == (3, 0)  # three owners: three entries
+    run([2, 1, 0])
+    assert (stats.misses, stats.hits) == (3, 3)
+    assert abs(first[0][0][0] - first[1][0][0]) > 1e-3  # the adapter changes the scores
+    engine.put_adapter(1, load_adapter(folders[1], cfg, torch.float32, torch.device("cpu")))
+    reference[1] = merged_engines[1]
+    run([1])
+    assert (stats.misses, stats.hits) == (4, 3)

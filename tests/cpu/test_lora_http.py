@@ -4,7 +4,8 @@ adapter slots, so the third loads on first use). Each adapter scores as HF trans
 peft's merge_and_unload() of it; requests of the base and every adapter sent together (so
 batches mix them, and adapters are unloaded and loaded again under load) score as each sent
 alone; an unknown name is a 404 naming `model`; the ingress metrics count requests and items
-by model, the scorer's the adapters loaded and unloaded."""
+by model, the scorer's the adapters loaded and unloaded; the prefix cache keeps an adapter's
+query apart from the model's."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def service(small_model, rankers):
     config["applications"][0]["args"]["adapters"] = [
         {"name": name, "path": str(adapter)} for name, (adapter, _) in rankers.items()]
     config["applications"][0]["args"]["lora"] = {"slots": 2}
+    config["applications"][0]["args"]["engine"]["prefix_cache"] = {"tokens": 4096}
     config["applications"][0]["args"]["adapters"][2]["rerank"] = {
         "template": "custom", "prompt": OWN_PROMPT.model_dump()}
     with serving(config, FAST_METRICS_ENV) as running:
@@ -226,6 +228,33 @@ def test_requests_of_several_adapters_at_once_score_as_each_alone(http):
         got = [math.log(p) for row in future.result() for p in row]
         want = [math.log(p) for row in alone[key] for p in row]
         assert got == pytest.approx(want, abs=1e-5), key
+
+
+def test_a_long_query_is_cached_apart_for_an_adapter_and_the_model(service, http, rankers,
+                                                                     small_model):
+    """The same long query under ranker-a and the model, twice each: two misses, then two
+    hits, each hit scoring what its miss did, and ranker-a's what HF gives on its merged
+    weights (a hit of the model's K/V would give the model's own scores)."""
+
+    def lookups() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, labels, value in scrape(service.metrics_url()):
+            if name == "ray_ranker_prefix_cache_lookups_total":
+                out[labels["result"]] = out.get(labels["result"], 0.0) + value
+        return out
+
+    query = " ".join(f"Fact {k}: the sky is blue." for k in range(20))  # over 64 tokens
+    before = lookups()
+    first = {name: score(http, name, query) for name in ("ranker-a", None)}
+    again = {name: score(http, name, query) for name in ("ranker-a", None)}
+    wait_for_growth(lookups, before, {"miss": 2, "hit": 2, "partial": 0, "bypass": 0},
+                    "two misses, then two hits", service)
+    for name, got in again.items():
+        assert ([math.log(p) for row in got for p in row]
+                == pytest.approx([math.log(p) for row in first[name] for p in row], abs=1e-5))
+    want = hf_logprobs(rankers["ranker-a"][1], small_model, [(query, item) for item in ITEMS])
+    for row, ref in zip(again["ranker-a"], want, strict=True):
+        assert [math.log(p) for p in row] == pytest.approx(ref, abs=TOL)
 
 
 def test_an_unknown_model_is_a_404_naming_it(http):

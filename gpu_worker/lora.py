@@ -15,7 +15,8 @@ variant serves every adapter. A `modules_to_save` head (a classifier's `score.we
 and checked too; the engine refuses such an adapter for now.
 
 `LoraLinear` applies the adapters of a batch beside the base weights (an engine built with
-adapter slots puts one in place of each linear). Where the output is wider than the input (qkv,
+adapter slots puts one in place of each float linear, an `Fp8LoraLinear` in place of each FP8
+one). Where the output is wider than the input (qkv,
 gate/up), an adapter's rows run one GEMM with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ,
 which costs copies of x and W; elsewhere (o, down) the delta is added to the output afterwards,
 which reads and writes the output once more: each picks the smaller tensor to move. A batch of
@@ -34,7 +35,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
+from gpu_worker.fp8 import Fp8Linear
 from gpu_worker.model import PACKED_MODULES, CausalLMForScoring, Linear
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 
@@ -170,28 +173,23 @@ def slot_rank(packed: str, max_rank: int) -> int:
     return -(-parts * max_rank // RANK_ALIGN) * RANK_ALIGN
 
 
-class LoraLinear(Linear):
-    """A bf16 decoder linear plus its engine's adapter slots: x Wᵀ (+ b), and for each run of one
-    adapter's rows in the batch, (x Aᵀ) Bᵀ added to those rows. The slots are allocated once,
-    A [slots, R, in] and B [slots, out, R] (slot s at s - 1, R = slot_rank), so loading an
+class _LoraSlots:
+    """The adapter slots of one linear, shared by LoraLinear and Fp8LoraLinear: A [slots, R, in]
+    and B [slots, out, R] (slot s at s - 1, R = slot_rank), allocated once, so loading an
     adapter writes into memory that captured CUDA graphs and the kernels already read; every
     adapter runs at the full width R, zeros past its own Σr, so one compiled variant of each
     kernel serves them all. `reads_rows`: this linear sees the batch's score rows, not its
     tokens (the last layer's o_proj, gate/up and down: gpu_worker/model.py)."""
 
-    def __init__(self, linear: Linear, batch: LoraBatch, reads_rows: bool, slots: int,
-                 rank: int, kernels: bool = False) -> None:
-        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                         device="meta")
-        self.weight, self.bias = linear.weight, linear.bias
+    def _allocate_slots(self, batch: LoraBatch, reads_rows: bool, slots: int, rank: int,
+                        shape: tuple[int, int], dtype: torch.dtype, device: torch.device,
+                        kernels: bool) -> None:
+        out_features, in_features = shape
         self.batch, self.reads_rows = batch, reads_rows
-        self.lora_a = linear.weight.new_zeros(slots, rank, linear.in_features)
-        self.lora_b = linear.weight.new_zeros(slots, linear.out_features, rank)
+        self.lora_a = torch.zeros(slots, rank, in_features, dtype=dtype, device=device)
+        self.lora_b = torch.zeros(slots, out_features, rank, dtype=dtype, device=device)
         self.used: set[int] = set()  # the slots whose adapter adapts this linear
-        # K widened where the output is the larger tensor to move (the module docstring)
-        self.widen = linear.out_features > linear.in_features
-        # gpu_worker/lora_kernel.py for batches of several adapters and in CUDA graphs; one
-        # adapter's run is faster as the slices below (docs/BENCHMARKS.md, "LoRA adapters")
+        # gpu_worker/lora_kernel.py for batches of several adapters and in CUDA graphs
         self.kernels = kernels
 
     def put(self, slot: int, pair: LoraPair | None) -> None:
@@ -212,6 +210,39 @@ class LoraLinear(Linear):
         b[:, :rank].copy_(pair.b, non_blocking=True)
         b[:, rank:].zero_()
         self.used.add(slot)
+
+    def _through_kernels_now(self) -> bool:
+        """Kernels where the batch says so, unless no run of it adapts this linear (a graph
+        being captured: any may at replay)."""
+        return (self.kernels and self.batch.kernels
+                and (self.batch.capturing or bool(self._runs())))
+
+    def _row_slots(self) -> torch.Tensor:
+        """Each input row's slot, on the device (the kernels read them)."""
+        return self.batch.row_slots if self.reads_rows else self.batch.token_slots
+
+    def _runs(self) -> list[tuple[int, int, LoraPair]]:
+        """The batch's runs of rows this linear adapts: (start, end, the slot's pair)."""
+        runs = self.batch.rows if self.reads_rows else self.batch.tokens
+        return [(start, end, LoraPair(self.lora_a[slot - 1], self.lora_b[slot - 1]))
+                for slot, start, end in runs if slot in self.used]
+
+
+class LoraLinear(_LoraSlots, Linear):
+    """A float decoder linear plus its engine's adapter slots (_LoraSlots): x Wᵀ (+ b), and for
+    each run of one adapter's rows in the batch, (x Aᵀ) Bᵀ added to those rows."""
+
+    def __init__(self, linear: Linear, batch: LoraBatch, reads_rows: bool, slots: int,
+                 rank: int, kernels: bool = False) -> None:
+        Linear.__init__(self, linear.in_features, linear.out_features,
+                        bias=linear.bias is not None, device="meta")
+        self.weight, self.bias = linear.weight, linear.bias
+        # kernels for several adapters' batches and graphs: one adapter's run is faster as the
+        # slices below (docs/BENCHMARKS.md, "LoRA adapters")
+        self._allocate_slots(batch, reads_rows, slots, rank, tuple(linear.weight.shape),
+                             linear.weight.dtype, linear.weight.device, kernels)
+        # K widened where the output is the larger tensor to move (the module docstring)
+        self.widen = linear.out_features > linear.in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._through_kernels_now():
@@ -248,7 +279,7 @@ class LoraLinear(Linear):
     def _through_kernels(self, x: torch.Tensor, swiglu: bool) -> torch.Tensor:
         from gpu_worker.lora_kernel import lora_add, lora_linear, lora_shrink
 
-        slots = self.batch.row_slots if self.reads_rows else self.batch.token_slots
+        slots = self._row_slots()
         x = x.contiguous()
         t = lora_shrink(x, self.lora_a, slots)
         if not (self.widen or swiglu):  # a narrow output: cuBLAS, then the deltas in place
@@ -256,18 +287,6 @@ class LoraLinear(Linear):
             lora_add(y, t, self.lora_b, slots)
             return y
         return lora_linear(x, self.weight, t, self.lora_b, slots, self.bias, swiglu)
-
-    def _through_kernels_now(self) -> bool:
-        """Kernels where the batch says so, unless no run of it adapts this linear (a graph
-        being captured: any may at replay)."""
-        return (self.kernels and self.batch.kernels
-                and (self.batch.capturing or bool(self._runs())))
-
-    def _runs(self) -> list[tuple[int, int, LoraPair]]:
-        """The batch's runs of rows this linear adapts: (start, end, the slot's pair)."""
-        runs = self.batch.rows if self.reads_rows else self.batch.tokens
-        return [(start, end, LoraPair(self.lora_a[slot - 1], self.lora_b[slot - 1]))
-                for slot, start, end in runs if slot in self.used]
 
     def _pieces(self, x: torch.Tensor, runs: list[tuple[int, int, LoraPair]]):
         """x cut at the runs, in order: (start, end, rows, weight), an adapter's rows and weight
@@ -284,11 +303,54 @@ class LoraLinear(Linear):
             yield at, x.shape[0], x[at:], self.weight
 
 
+class Fp8LoraLinear(_LoraSlots, nn.Module):
+    """An FP8 decoder linear (gpu_worker/fp8.py) plus its engine's adapter slots (_LoraSlots).
+    The GEMM stays FP8; each adapter's (x Aᵀ) Bᵀ runs in the engine's float dtype and is added
+    to its rows of the output in place, x being the rows the FP8 GEMM reads, dequantized: the
+    adapter sees the input the base weights see. Through lora_shrink + lora_add where the batch
+    runs the kernels, else on slices. Its input form and the methods that make it are the FP8
+    linear's."""
+
+    def __init__(self, linear: Fp8Linear, batch: LoraBatch, reads_rows: bool, slots: int,
+                 rank: int, kernels: bool = False) -> None:
+        nn.Module.__init__(self)
+        self.fp8 = linear
+        self._allocate_slots(batch, reads_rows, slots, rank, tuple(linear.weight.shape),
+                             linear.out_dtype, linear.weight.device, kernels)
+
+    def rows(self, x: torch.Tensor):
+        return self.fp8.rows(x)
+
+    def normed_rows(self, x, residual, norm, ops):
+        return self.fp8.normed_rows(x, residual, norm, ops)
+
+    def swiglu(self, x, down, ops):
+        return down.swiglu_rows(self(x), ops)
+
+    def swiglu_rows(self, gate_up: torch.Tensor, ops):
+        return self.fp8.swiglu_rows(gate_up, ops)
+
+    def forward(self, rows) -> torch.Tensor:
+        y = self.fp8(rows)
+        q, scale = rows
+        if self._through_kernels_now():
+            from gpu_worker.lora_kernel import lora_add, lora_shrink
+
+            slots = self._row_slots()
+            x = q.to(y.dtype) * scale.to(y.dtype)
+            lora_add(y, lora_shrink(x, self.lora_a, slots), self.lora_b, slots)
+            return y
+        for start, end, pair in self._runs():
+            x = q[start:end].to(y.dtype) * scale[start:end].to(y.dtype)
+            y[start:end].addmm_(x @ pair.a.t(), pair.b.t())
+        return y
+
+
 def lora_linears(model: CausalLMForScoring, batch: LoraBatch, slots: int, max_rank: int,
-                 kernels: bool = False) -> dict[tuple[int, str], LoraLinear]:
-    """Put a LoraLinear with `slots` adapter slots of rank up to `max_rank` in place of each
-    decoder linear of `model` (bf16 or fp32 only), sharing `batch`; returns them by (layer,
-    packed linear name). `kernels`: the Triton kernels
+                 kernels: bool = False) -> dict[tuple[int, str], LoraLinear | Fp8LoraLinear]:
+    """Put a LoraLinear (a float linear) or an Fp8LoraLinear (an FP8 one) with `slots` adapter
+    slots of rank up to `max_rank` in place of each decoder linear of `model`, sharing `batch`;
+    returns them by (layer, packed linear name). `kernels`: the Triton kernels
     (gpu_worker/lora_kernel.py; CUDA, Hopper) for each linear whose shape their tiles divide."""
     if kernels:
         from gpu_worker.lora_kernel import fits
@@ -299,16 +361,21 @@ def lora_linears(model: CausalLMForScoring, batch: LoraBatch, slots: int, max_ra
                               (layer.mlp, ("gate_up_proj", "down_proj"))):
             for name in names:
                 linear = getattr(parent, name)
-                if type(linear) is not Linear:
-                    raise ValueError("LoRA adapters need a bf16 base (engine.precision bf16): "
-                                     f"layer {i} {name} is {type(linear).__name__}")
-                lora = LoraLinear(linear, batch, reads_rows=i == len(layers) - 1
-                                  and name != "qkv_proj", slots=slots,
-                                  rank=slot_rank(name, max_rank), kernels=kernels and fits(
-                                      linear.out_features, linear.in_features,
-                                      swiglu=name == "gate_up_proj",
-                                      add=(linear.out_features <= linear.in_features
-                                           and name != "gate_up_proj")))
+                reads_rows = i == len(layers) - 1 and name != "qkv_proj"
+                rank = slot_rank(name, max_rank)
+                if type(linear) is Fp8Linear:  # always cuBLAS (FP8), then the deltas added
+                    n, k = linear.weight.shape
+                    lora = Fp8LoraLinear(linear, batch, reads_rows, slots, rank, kernels=kernels
+                                         and fits(n, k, swiglu=False, add=True))
+                elif type(linear) is Linear:
+                    lora = LoraLinear(linear, batch, reads_rows, slots, rank, kernels=kernels
+                                      and fits(linear.out_features, linear.in_features,
+                                               swiglu=name == "gate_up_proj",
+                                               add=(linear.out_features <= linear.in_features
+                                                    and name != "gate_up_proj")))
+                else:
+                    raise ValueError(f"layer {i} {name} is a {type(linear).__name__}, "
+                                     "which takes no LoRA adapter")
                 setattr(parent, name, lora)
                 out[(i, name)] = lora
     return out

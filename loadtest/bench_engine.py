@@ -2,7 +2,8 @@
 
 Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.6b-random]
        [--budget 65536] [--no-hf]
-       [--modes engine,sync,one_per_item,fp8,fp8_bf16_o,classifier,classifier_from_labels,lora]
+       [--modes engine,sync,one_per_item,fp8,fp8_bf16_o,classifier,classifier_from_labels,lora,
+                lora_fp8]
        [--classifier-model models/qwen3-0.6b-cls-random] [--fp8-settings no_down,edges2]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
@@ -33,7 +34,8 @@ a lone request, launch to scores, with and without an adapter (median of LONE_RE
 replays its CUDA graph); and an adapter's first use: a peft folder (rank LORA_RANK, all seven
 projections, written by peft at start) named by a lone request while every slot is full,
 submit to scores through the scheduling loop, which reads it from disk and loads it in place
-of the least recently used (median of 3).
+of the least recently used (median of 3). `lora_fp8` does the same on the shipped engine with
+precision fp8 (the adapters' deltas in bf16), its base row being that FP8 engine's.
 """
 
 from __future__ import annotations
@@ -230,18 +232,20 @@ def lone_request_ms(engine: Engine, sequence: PackedSequence, labels: list[int],
 
 
 def bench_lora(model: Path, engine_cfg: EngineConfig, sched: SchedulerConfig, budget: int,
-               sequences, labels: list[int], bench) -> dict:
-    """The lora mode, on an engine built as the shipped one with adapter slots (its base
-    batches replay their graphs too)."""
+               sequences, labels: list[int], bench, name: str = "LoRA",
+               base_name: str = "base") -> dict:
+    """The lora mode (or lora_fp8, by `engine_cfg`), on an engine built as the shipped one with
+    adapter slots (its base batches replay their graphs too); `name` and `base_name` start its
+    rows' names."""
     engine = Engine.from_config(model, engine_cfg,
                                 lora=LoraConfig(slots=LORA_ADAPTERS, max_rank=LORA_RANK))
     for k in range(LORA_ADAPTERS):
         engine.add_adapter(random_adapter(engine.model.config, LORA_RANK, k, engine.device))
-    bench("LoRA, 1 adapter on all", engine, sequences, timing=True,
+    bench(f"{name}, 1 adapter on all", engine, sequences, timing=True,
           adapters=[1] * len(sequences))
-    bench(f"LoRA, {LORA_ADAPTERS} mixed", engine, sequences, timing=True,
+    bench(f"{name}, {LORA_ADAPTERS} mixed", engine, sequences, timing=True,
           adapters=[k % LORA_ADAPTERS + 1 for k in range(len(sequences))])
-    bench("base, adapters loaded", engine, sequences, timing=True)
+    bench(f"{base_name}, adapters loaded", engine, sequences, timing=True)
     return {"adapters": LORA_ADAPTERS, "rank": LORA_RANK,
             "lone_request_ms": lone_request_ms(engine, sequences[0], labels, 1),
             "base_lone_request_ms": lone_request_ms(engine, sequences[0], labels, 0),
@@ -359,6 +363,11 @@ def main():
     if "lora" in modes:
         torch.cuda.empty_cache()
         lora = bench_lora(args.model, app.engine, sched, budget, multi, labels, bench)
+    lora_fp8 = None
+    if "lora_fp8" in modes:
+        torch.cuda.empty_cache()
+        lora_fp8 = bench_lora(args.model, app.engine.model_copy(update={"precision": "fp8"}),
+                              sched, budget, multi, labels, bench, "FP8 + LoRA", "fp8 base")
 
     tokens_per_request = multi[0].num_tokens
     rate, linear_flops_per_token_layer = matmul_rate(cfg, budget // 2)
@@ -387,6 +396,7 @@ def main():
         "attention_batch_requests": len(batch),
         "modes": results,
         "lora": lora,
+        "lora_fp8": lora_fp8,
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "command": " ".join(["python -m", __spec__.name, *sys.argv[1:]]),
@@ -404,10 +414,12 @@ def main():
     print(f"HF transformers (bf16, 1 seq/item): {hf and round(hf)} items/s; matmul {rate:.0f} "
           f"TFLOP/s; attention {attn_s * 1e3:.2f} ms/layer for {len(batch)} requests; "
           f"ceiling {ceiling:.0f} items/s")
-    if lora:
-        print(f"LoRA (rank {LORA_RANK}): lone request {lora['lone_request_ms']:.2f} ms with an "
-              f"adapter, {lora['base_lone_request_ms']:.2f} ms without; an adapter's first use "
-              f"{lora['first_use_ms']:.0f} ms")
+    for lora_name, figures in (("LoRA", lora), ("FP8 + LoRA", lora_fp8)):
+        if figures:
+            print(f"{lora_name} (rank {LORA_RANK}): lone request "
+                  f"{figures['lone_request_ms']:.2f} ms with an adapter, "
+                  f"{figures['base_lone_request_ms']:.2f} ms without; an adapter's first use "
+                  f"{figures['first_use_ms']:.0f} ms")
     print(f"bench_engine: engine {engine_rate:.0f} items/s = {engine_rate / ceiling:.0%} of ceiling"
           + (f", {engine_rate / hf:.2f}x HF" if hf else "") + f" on {out['gpu']}")
 

@@ -375,9 +375,6 @@ class AppConfig(_Settings):
             raise ValueError("adapters: a rerank prompt of an adapter's own needs "
                              "rerank.classifier_from_labels off (the head is the model's yes "
                              "and no rows)")
-        if self.adapters and self.engine.precision != "bf16":
-            raise ValueError("adapters need engine.precision bf16 (an FP8 base is not "
-                             "supported yet)")
         return self
 
     @property

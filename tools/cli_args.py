@@ -46,6 +46,7 @@ def add_workload_args(p: argparse.ArgumentParser, *, query_len: int, items: int,
                    "times (fresh items each time)")
     w.add_argument("--repeat-window", type=float, default=1.0, help="...within about this "
                    "many seconds at the offered rate")
+    w.add_argument("--model", help="send this `model` (an adapter's name, docs/API.md)")
     w.add_argument("--preset", choices=sorted(PRESETS), help="a named shape (overrides "
                    "--query-len, --items, --item-len, --query-repeats): tools/workload.py")
 
@@ -56,7 +57,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     shape.update(PRESETS.get(args.preset or "", {}))
     return Workload(labels=tuple(args.labels), vocab=args.vocab,
                     apply_softmax=args.apply_softmax, text=args.text, rerank=args.rerank,
-                    repeat_window_s=args.repeat_window, **shape)
+                    repeat_window_s=args.repeat_window, model=args.model, **shape)
 
 
 def _rate_args(p: argparse.ArgumentParser) -> None:

@@ -58,6 +58,7 @@ class Workload:
     rerank: bool = False  # POST /v1/rerank {query, documents} instead of /v1/score
     query_repeats: int = 1  # each query sent this many times (module doc)
     repeat_window_s: float = 1.0  # ...within about this long, at the rate the factory is given
+    model: str | None = None  # the request's `model` (an adapter's name); None: not sent
 
     def __post_init__(self) -> None:
         if self.query_len < 0 or self.items < 1 or self.item_len < 0:
@@ -157,10 +158,11 @@ class RequestFactory:
     def body(self) -> dict:
         w = self.workload
         query, items = self.texts() if w.text else self.token_ids()
+        named = {"model": w.model} if w.model else {}
         if w.rerank:
-            return {"query": query, "documents": items}
+            return {"query": query, "documents": items} | named
         return {"query": query, "items": items, "label_token_ids": list(w.labels),
-                "apply_softmax": w.apply_softmax}
+                "apply_softmax": w.apply_softmax} | named
 
     def next_bytes(self) -> bytes:
         return json.dumps(self.body(), separators=(",", ":")).encode()

@@ -313,8 +313,6 @@ def test_scaling_variants_run_the_shipped_ingress_per_scorer(mode, scorers, tmp_
 @pytest.mark.parametrize("update, named", [
     ({"adapters": [{"name": "a", "path": "x"}, {"name": "a", "path": "y"}]}, "every name"),
     ({"adapters": [{"name": "smollm2-135m-instruct", "path": "x"}]}, "every name"),
-    ({"adapters": [{"name": "a", "path": "x"}], "engine": {"device": "cuda", "precision": "fp8"}},
-     "precision bf16"),
     ({"adapters": [{"name": "", "path": "x"}]}, "name"),
 ])
 def test_adapters_that_cannot_be_served_are_refused_at_start(update, named):
@@ -333,3 +331,6 @@ def test_a_requests_model_picks_its_adapter_slot_and_an_unknown_one_is_a_404():
         path.adapter_of("c")
     assert exc.value.status == 404 and exc.value.param == "model"
     assert RequestPath(AppConfig()).adapter_of("anything") == 0  # one model: names not checked
+    fp8 = {"adapters": [{"name": "a", "path": "x"}], "engine": {"device": "cuda",
+                                                                "precision": "fp8"}}
+    assert RequestPath(AppConfig.model_validate(fp8)).adapter_of("a") == 1  # an FP8 base too

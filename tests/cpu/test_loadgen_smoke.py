@@ -5,6 +5,7 @@ import asyncio
 import json
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,9 @@ def test_request_bodies_are_fresh_token_ids_in_range():
         assert all(len(item) == 8 for item in b["items"])
         assert all(0 <= t < 49152 for t in b["query"] + sum(b["items"], []))
         assert b["label_token_ids"] == [10539, 5230]
+        assert "model" not in b  # only sent when asked for
+    named = replace(w, model="ranker-a")
+    assert RequestFactory(named, seed=0).body() == bodies[0] | {"model": "ranker-a"}
 
 
 @pytest.mark.parametrize("text", [None, "natural"])

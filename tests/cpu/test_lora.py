@@ -5,6 +5,7 @@ merged model does, with sequences of other adapters and of the base in the same 
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import replace
 
@@ -14,9 +15,11 @@ from peft import LoraConfig, TaskType, get_peft_model
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from gpu_worker.engine import Engine
+from gpu_worker.fp8 import Fp8Linear, quantize_model
+from gpu_worker.loader import load_model
 from gpu_worker.lora import load_adapter
 from gpu_worker.model import PACKED_MODULES
-from ranker_contract.config import EngineConfig
+from ranker_contract.config import EngineConfig, Fp8Config
 from ranker_contract.config import LoraConfig as Slots
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 from ranker_contract.packing import pack_multi_item, pack_plain
@@ -110,9 +113,9 @@ def test_an_adapter_of_another_base_shape_is_refused(tiny_checkpoint, tmp_path):
 def two_adapters(tiny_checkpoint, tmp_path_factory):
     """Two seeded peft adapters of the tiny qwen3 checkpoint (rank 4 on all seven projections;
     rank 8 on three), with an engine on each one's merge_and_unload(): (base folder, its
-    config, the adapters' folders, the merged engines)."""
+    config, the adapters' folders, the merged engines, the merged models' state dicts)."""
     base_folder, tmp_path = tiny_checkpoint("qwen3"), tmp_path_factory.mktemp("adapters")
-    folders, merged_engines = [], []
+    folders, merged_engines, merged_states = [], [], []
     for k, settings in enumerate([dict(r=4, lora_alpha=8, target_modules=ALL),
                                   dict(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj",
                                                                           "down_proj"])]):
@@ -121,10 +124,13 @@ def two_adapters(tiny_checkpoint, tmp_path_factory):
                                     LoraConfig(init_lora_weights=False, **settings))
         peft_model.save_pretrained(tmp_path / f"adapter{k}")
         merged = tmp_path / f"merged{k}"
-        peft_model.merge_and_unload().save_pretrained(merged)
+        merged_model = peft_model.merge_and_unload()
+        merged_model.save_pretrained(merged)
+        merged_states.append(merged_model.state_dict())
         folders.append(tmp_path / f"adapter{k}")
         merged_engines.append(Engine.from_config(merged, EngineConfig()))
-    return base_folder, ModelConfig.from_folder(base_folder), folders, merged_engines
+    return (base_folder, ModelConfig.from_folder(base_folder), folders, merged_engines,
+            merged_states)
 
 
 def worst_difference(got, want) -> float:
@@ -139,7 +145,7 @@ def test_the_engine_scores_an_adapter_as_peft_merged_and_mixes_adapters_in_one_b
     """Sequences of two adapters and of the base in one batch: each scores as the engine built
     on peft's merge_and_unload() of its adapter (or on the base) scores it alone, in fp32. Then
     a slot loaded over (an adapter unloaded for another) scores as the new adapter alone."""
-    base_folder, cfg, folders, merged_engines = two_adapters
+    base_folder, cfg, folders, merged_engines, _ = two_adapters
     engine = Engine.from_config(base_folder, EngineConfig(), lora=Slots(slots=3, max_rank=8))
     slots = [engine.add_adapter(load_adapter(f, cfg, torch.float32, torch.device("cpu")))
              for f in folders]
@@ -183,7 +189,7 @@ def test_the_prefix_cache_keeps_each_adapters_query_apart(two_adapters):
     three, in another order) and each hit scores as its adapter's merged model, within the
     multi-item bound; after its slot is loaded over, the query under the new adapter is a miss,
     never the old adapter's K/V."""
-    base_folder, cfg, folders, merged_engines = two_adapters
+    base_folder, cfg, folders, merged_engines, _ = two_adapters
     engine = Engine.from_config(
         base_folder, EngineConfig(prefix_cache={"tokens": 512, "min_tokens": 8,
                                                 "page_tokens": 16}),
@@ -218,3 +224,65 @@ def test_the_prefix_cache_keeps_each_adapters_query_apart(two_adapters):
     reference[1] = merged_engines[1]
     run([1])
     assert (stats.misses, stats.hits) == (4, 3)
+
+
+class MergedFp8(Fp8Linear):
+    """The reference of an adapter on an FP8 linear: the FP8 linear's arithmetic off CUDA (the
+    rows quantized, then dequantized, in fp32), on its dequantized weight plus peft's merged
+    delta."""
+
+    def __init__(self, fp8: Fp8Linear, delta: torch.Tensor) -> None:
+        super().__init__(fp8.weight, fp8.weight_scale, fp8.bias, fp8.out_dtype)
+        self.delta = delta
+
+    def forward(self, rows):
+        q, scale = rows
+        weight = self.weight.float() * self.weight_scale.t() + self.delta
+        return (q.float() * scale) @ weight.t()
+
+
+def test_an_adapter_on_an_fp8_base_adds_peft_s_delta_to_the_rows_the_fp8_gemm_reads(
+        two_adapters):
+    """An FP8 base (simulated on CPU: the same e4m3 values and scales in fp32, the last layer
+    left float) with two adapters, mixed with the base's sequences in one batch: each sequence
+    scores as the FP8 model whose linears add peft's merged delta (merge_and_unload() minus
+    the base) to their dequantized weights, in float."""
+    base_folder, cfg, folders, _, merged_states = two_adapters
+    cpu = torch.device("cpu")
+    model = load_model(base_folder, torch.float32, cpu)
+    quantize_model(model, Fp8Config(bf16_last_layers=1))
+    plain = copy.deepcopy(model)
+    base_state = AutoModelForCausalLM.from_pretrained(base_folder).state_dict()
+    references = {0: Engine(copy.deepcopy(plain), cpu)}
+    for slot, merged in enumerate(merged_states, 1):
+        reference = copy.deepcopy(plain)
+        for layer, decoder in enumerate(reference.model.layers):
+            for parent, name in ((decoder.self_attn, "qkv_proj"), (decoder.self_attn, "o_proj"),
+                                 (decoder.mlp, "gate_up_proj"), (decoder.mlp, "down_proj")):
+                delta = packed(merged, layer, name) - packed(base_state, layer, name)
+                linear = getattr(parent, name)
+                if isinstance(linear, Fp8Linear):
+                    setattr(parent, name, MergedFp8(linear, delta))
+                else:
+                    linear.weight.data += delta
+        references[slot] = Engine(reference, cpu)
+    engine = Engine(model, cpu, lora=Slots(slots=2, max_rank=8))
+    assert {type(x).__name__ for x in engine._lora_linears.values()} == {"Fp8LoraLinear",
+                                                                         "LoraLinear"}
+    for folder in folders:
+        engine.add_adapter(load_adapter(folder, cfg, torch.float32, cpu))
+    rng = random.Random(9)
+
+    def ids(n):
+        return [rng.randrange(1, cfg.vocab_size) for _ in range(n)]
+
+    sequences = [pack_multi_item(ids(9), [ids(5), ids(3), ids(7)], 0), pack_plain(ids(12), 0),
+                 pack_multi_item(ids(6), [ids(4), ids(8)], 0), pack_plain(ids(10), 0)]
+    adapters, labels = [1, 0, 2, 1], [[3, 17]] * len(sequences)
+    got = engine.finish(engine.launch(sequences, labels, adapters=adapters))
+    for seq, slot, scores in zip(sequences, adapters, got, strict=True):
+        want = references[slot].finish(references[slot].launch([seq], labels[:1]))
+        assert worst_difference([scores], want) <= 1e-5, slot
+    base = references[0].finish(references[0].launch(sequences, labels))
+    assert worst_difference(got[1:2], base[1:2]) <= 1e-5
+    assert abs(got[0][0][0] - base[0][0][0]) > 1e-3  # the adapter moves the FP8 model's scores

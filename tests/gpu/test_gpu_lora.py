@@ -7,7 +7,8 @@ far larger than trained ones (peft's init_lora_weights=False) so that they move 
 and a model so far from its base strains bf16 whether merged or not: an adapter served unmerged
 must be as exact as its merged model, which is what a user would otherwise serve. Each request
 sent alone replays a CUDA graph (through the LoRA kernels where it has an adapter) and is held
-to the same bound; base batches replay the graphs of the model alone."""
+to the same bound; base batches replay the graphs of the model alone. On an FP8 base the same
+workload is held to the FP8 bounds against the bf16 base."""
 
 import random
 
@@ -20,7 +21,7 @@ from ranker_contract.config import EngineConfig, LoraConfig
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import LABELS, VOCAB
-from tests.gpu.test_gpu_matrix import SAME_BF16, differences, within
+from tests.gpu.test_gpu_matrix import FP8_VS_BF16, SAME_BF16, SAME_FP8, differences, within
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GRAPHS = EngineConfig(device="cuda", cuda_graphs={"enabled": True, "token_buckets": [512, 2048]})
@@ -47,13 +48,9 @@ def adapters(qwen3_path, tmp_path_factory):
     return made
 
 
-def test_mixed_adapters_in_one_batch_score_as_hf_fp32_on_each_merged_model(qwen3_path, adapters):
-    from transformers import AutoModelForCausalLM
-
-    engine = Engine.from_config(qwen3_path, GRAPHS, lora=SLOTS)
-    cfg = ModelConfig.from_folder(qwen3_path)
-    for folder, _ in adapters:
-        engine.add_adapter(load_adapter(folder, cfg, engine.dtype, engine.device))
+def mixed_workload():
+    """Four requests (three multi-item, one plain) and the adapter slot of each, the base's
+    among them: (requests as (query, items or None), their sequences, their slots)."""
     rng = random.Random(5)
 
     def ids(n):
@@ -63,7 +60,24 @@ def test_mixed_adapters_in_one_batch_score_as_hf_fp32_on_each_merged_model(qwen3
                 (ids(60), [ids(90) for _ in range(6)]), (ids(120), [ids(180) for _ in range(10)])]
     sequences = [pack_plain(q, 0) if items is None else pack_multi_item(q, items, 0)
                  for q, items in requests]
-    slots = [1, 0, 2, 1]
+    return requests, sequences, [1, 0, 2, 1]
+
+
+def engine_with(qwen3_path, adapters, cfg: EngineConfig) -> Engine:
+    """An engine of `cfg` with LoRA slots, holding the adapters in slots 1 and 2."""
+    engine = Engine.from_config(qwen3_path, cfg, lora=SLOTS)
+    model_cfg = ModelConfig.from_folder(qwen3_path)
+    for folder, _ in adapters:
+        engine.add_adapter(load_adapter(folder, model_cfg, engine.dtype, engine.device))
+    return engine
+
+
+def test_mixed_adapters_in_one_batch_score_as_hf_fp32_on_each_merged_model(qwen3_path, adapters):
+    from transformers import AutoModelForCausalLM
+
+    engine = engine_with(qwen3_path, adapters, GRAPHS)
+    cfg = ModelConfig.from_folder(qwen3_path)
+    requests, sequences, slots = mixed_workload()
     mixed = engine.finish(engine.launch(sequences, [LABELS] * 4, adapters=slots))
     assert all(engine.plan([seq], [LABELS]).graph is not None for seq in sequences)
     replayed = [engine.finish(engine.launch([seq], [LABELS], adapters=[slot]))[0]
@@ -108,15 +122,39 @@ def hf_scores(hf, query: list[int], items: list[list[int]] | None) -> list[list[
     return rows
 
 
-def test_after_warm_up_adapter_batches_compile_nothing(qwen3_path, adapters):
+def test_adapters_on_an_fp8_base_score_as_on_the_bf16_base_within_the_fp8_bound(
+        qwen3_path, adapters):
+    """engine.precision fp8 with adapters: the GEMMs in FP8, each adapter's delta in bf16 on
+    the rows the FP8 GEMM reads (gpu_worker/lora.py, Fp8LoraLinear). A mixed batch scores as on
+    the bf16 base within the FP8-vs-bf16 bounds of test_gpu_matrix.py; each request replayed
+    alone (a graph through the LoRA kernels) as the batch within its FP8 self bounds; and the
+    adapters move the FP8 model's scores."""
+    _, sequences, slots = mixed_workload()
+    labels = [LABELS] * len(sequences)
+    bf16 = engine_with(qwen3_path, adapters, GRAPHS)
+    want = bf16.finish(bf16.launch(sequences, labels, adapters=slots))
+    del bf16
+    fp8 = engine_with(qwen3_path, adapters, GRAPHS.model_copy(update={"precision": "fp8"}))
+    assert fp8.graphs.lora  # the FP8 linears run the LoRA kernels, so the graphs hold them
+    mixed = fp8.finish(fp8.launch(sequences, labels, adapters=slots))
+    within(mixed, want, FP8_VS_BF16, "fp8 base vs bf16 base, adapters mixed")
+    assert all(fp8.plan([seq], [LABELS]).graph is not None for seq in sequences)
+    replayed = [fp8.finish(fp8.launch([seq], [LABELS], adapters=[slot]))[0]
+                for seq, slot in zip(sequences, slots)]
+    within(replayed, mixed, SAME_FP8, "fp8 base: each replayed alone vs the mixed batch")
+    plain = fp8.finish(fp8.launch(sequences, labels))
+    moved = max(abs(a[0][0] - b[0][0]) for a, b, slot in zip(mixed, plain, slots) if slot)
+    print(f"fp8 base: adapters move the first item's first label log-prob by up to {moved:.2f}")
+    assert moved > SAME_FP8[0]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_after_warm_up_adapter_batches_compile_nothing(qwen3_path, adapters, precision):
     """A scorer warms its adapters up (gpu_worker/startup.py::warm_up): afterwards batches of one
     adapter and of several, large and small, compile no Triton kernel."""
     from gpu_worker.startup import triton_variants, warm_up
 
-    engine = Engine.from_config(qwen3_path, GRAPHS, lora=SLOTS)
-    cfg = ModelConfig.from_folder(qwen3_path)
-    for folder, _ in adapters:
-        engine.add_adapter(load_adapter(folder, cfg, engine.dtype, engine.device))
+    engine = engine_with(qwen3_path, adapters, GRAPHS.model_copy(update={"precision": precision}))
     warm_up(engine, 16384, 4096)
     compiled = triton_variants()
     rng = random.Random(9)

@@ -17,7 +17,7 @@ import torch
 
 from gpu_worker.engine import Engine
 from gpu_worker.lora import load_adapter
-from ranker_contract.config import EngineConfig, LoraConfig
+from ranker_contract.config import EngineConfig, LoraConfig, PrefixCacheConfig
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import LABELS, VOCAB
@@ -146,6 +146,23 @@ def test_adapters_on_an_fp8_base_score_as_on_the_bf16_base_within_the_fp8_bound(
     moved = max(abs(a[0][0] - b[0][0]) for a, b, slot in zip(mixed, plain, slots) if slot)
     print(f"fp8 base: adapters move the first item's first label log-prob by up to {moved:.2f}")
     assert moved > SAME_FP8[0]
+
+
+def test_a_prefix_cache_hit_of_an_adapter_scores_what_its_miss_did(qwen3_path, adapters):
+    """The prefix cache keys a query on its adapter: the same query under adapter 1 and then the
+    base is a miss each time, repeated a hit each; every hit scores as its miss (SAME_BF16)."""
+    _, sequences, _ = mixed_workload()
+    cached = GRAPHS.model_copy(update={"prefix_cache": PrefixCacheConfig(
+        tokens=4096, min_tokens=64, min_query_share=0.0)})
+    engine = engine_with(qwen3_path, adapters, cached)
+    seq, stats = sequences[0], engine.prefix_cache.stats
+    misses = [engine.finish(engine.launch([seq], [LABELS], adapters=[slot])) for slot in (1, 0)]
+    assert (stats.misses, stats.hits) == (2, 0)
+    hits = [engine.finish(engine.launch([seq], [LABELS], adapters=[slot])) for slot in (1, 0)]
+    assert (stats.misses, stats.hits) == (2, 2)
+    for slot, hit, miss in zip((1, 0), hits, misses):
+        within(hit, miss, SAME_BF16, f"slot {slot}: hit vs miss")
+    assert abs(misses[0][0][0][0] - misses[1][0][0][0]) > SAME_BF16[0]  # not the base's K/V
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])

@@ -307,9 +307,9 @@ class Fp8LoraLinear(_LoraSlots, nn.Module):
     """An FP8 decoder linear (gpu_worker/fp8.py) plus its engine's adapter slots (_LoraSlots).
     The GEMM stays FP8; each adapter's (x Aᵀ) Bᵀ runs in the engine's float dtype and is added
     to its rows of the output in place, x being the rows the FP8 GEMM reads, dequantized: the
-    adapter sees the input the base weights see. Through lora_shrink + lora_add where the batch
-    runs the kernels, else on slices. Its input form and the methods that make it are the FP8
-    linear's."""
+    adapter sees the input the base weights see. Through lora_shrink + lora_add on Hopper, else
+    on slices (the CPU path and the kernels' reference). Its input form and the methods that
+    make it are the FP8 linear's."""
 
     def __init__(self, linear: Fp8Linear, batch: LoraBatch, reads_rows: bool, slots: int,
                  rank: int, kernels: bool = False) -> None:
@@ -337,13 +337,17 @@ class Fp8LoraLinear(_LoraSlots, nn.Module):
             from gpu_worker.lora_kernel import lora_add, lora_shrink
 
             slots = self._row_slots()
-            x = q.to(y.dtype) * scale.to(y.dtype)
-            lora_add(y, lora_shrink(x, self.lora_a, slots), self.lora_b, slots)
+            lora_add(y, lora_shrink(q, self.lora_a, slots, scale), self.lora_b, slots)
             return y
         for start, end, pair in self._runs():
             x = q[start:end].to(y.dtype) * scale[start:end].to(y.dtype)
             y[start:end].addmm_(x @ pair.a.t(), pair.b.t())
         return y
+
+    def _through_kernels_now(self) -> bool:
+        """The kernels for one adapter's run too: the shrink kernel reads the quantized rows as
+        they are, where the slices would first write them dequantized."""
+        return self.kernels and (self.batch.capturing or bool(self._runs()))
 
 
 def lora_linears(model: CausalLMForScoring, batch: LoraBatch, slots: int, max_rank: int,

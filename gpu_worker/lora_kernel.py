@@ -3,9 +3,10 @@ copy of x or W, and no second pass over the output (or, where the output is the 
 tensor, a second pass over it in place of a GEMM of its own).
 
 `lora_shrink`: t = x Aᵀ with each row's own adapter's A, [M, R] (zeros for rows of the model
-alone). `lora_linear`: y = x Wᵀ + t Bᵀ, again each row's own B, as one GEMM: the K loop over x
-and W is the fused gate/up kernel's (gpu_worker/gate_up_silu_kernel.py: TMA tiles, grouped
-order, one fixed tile), then each adapter present in the row tile adds its rows of t times its
+alone); it also reads an FP8 linear's quantized rows and their scales as they are.
+`lora_linear`: y = x Wᵀ + t Bᵀ, again each row's own B, as one GEMM: the K loop over x and W
+is the fused gate/up kernel's (gpu_worker/gate_up_silu_kernel.py: TMA tiles, grouped order, one
+fixed tile), then each adapter present in the row tile adds its rows of t times its
 B tile (other rows masked to zero) into the same fp32 accumulator before the only store. With
 `swiglu` the weight is the packed gate/up and the epilogue applies SiLU-and-multiply, rounding
 gate and up to bf16 first, as the unfused path does. A tile meets every adapter between its
@@ -54,8 +55,9 @@ def fits(out_features: int, in_features: int, swiglu: bool, add: bool = False) -
 
 
 @triton.jit(do_not_specialize=["M"])
-def _lora_shrink_kernel(x_ptr, a_ptr, t_ptr, slot_ptr, M, K: tl.constexpr, R: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NO_SLOT: tl.constexpr):
+def _lora_shrink_kernel(x_ptr, a_ptr, t_ptr, slot_ptr, scale_ptr, M, K: tl.constexpr,
+                        R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                        NO_SLOT: tl.constexpr, SCALED: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     inside = rows < M
     slots = tl.load(slot_ptr + rows, mask=inside, other=0)
@@ -70,8 +72,10 @@ def _lora_shrink_kernel(x_ptr, a_ptr, t_ptr, slot_ptr, M, K: tl.constexpr, R: tl
             x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + (k + kk)[None, :],
                         mask=inside[:, None], other=0.0)
             a = tl.load(a_ptr + (s - 1) * (R * K) + r[:, None] * K + (k + kk)[None, :])
-            acc = tl.dot(x, a.T, acc)
+            acc = tl.dot(x.to(a.dtype), a.T, acc)  # e4m3 to bf16 is exact
         t = tl.where((slots == s)[:, None], acc, t)
+    if SCALED:  # (q · scale) Aᵀ = (q Aᵀ) · scale, one scale per row
+        t *= tl.load(scale_ptr + rows, mask=inside, other=0.0)[:, None]
     tl.store(t_ptr + rows[:, None].to(tl.int64) * R + r[None, :], t.to(t_ptr.dtype.element_ty),
              mask=inside[:, None])
 
@@ -140,15 +144,18 @@ def _lora_add_kernel(y_ptr, t_ptr, b_ptr, slot_ptr, M, N: tl.constexpr, R: tl.co
         tl.store(y_ptr + at, acc.to(y_ptr.dtype.element_ty), mask=inside[:, None])
 
 
-def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bf16, a [S, R, K] bf16, slots [M] int (0: no adapter) → t [M, R] bf16."""
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor,
+                scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] bf16, a [S, R, K] bf16, slots [M] int (0: no adapter) → t [M, R] bf16. With
+    `scale`, x is an FP8 linear's input rows (gpu_worker/fp8.py): e4m3 [M, K] and fp32 row
+    scales [M, 1], read as they are, t being that of the dequantized rows."""
     m, k = x.shape
     r = a.shape[1]
-    t = torch.empty((m, r), device=x.device, dtype=x.dtype)
+    t = torch.empty((m, r), device=x.device, dtype=a.dtype)
     if m:
         _lora_shrink_kernel[(triton.cdiv(m, SHRINK_BLOCK_M),)](
-            x, a, t, slots, m, K=k, R=r, BLOCK_M=SHRINK_BLOCK_M, BLOCK_K=BLOCK_K,
-            NO_SLOT=NO_SLOT)
+            x, a, t, slots, x if scale is None else scale, m, K=k, R=r, BLOCK_M=SHRINK_BLOCK_M,
+            BLOCK_K=BLOCK_K, NO_SLOT=NO_SLOT, SCALED=scale is not None)
     return t
 
 

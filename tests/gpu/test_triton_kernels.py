@@ -186,3 +186,33 @@ def test_lora_kernels_match_a_float64_reference(kind, order):
     print(f"lora {order} {kind}: rel. error kernels {err:.2e}, "
           f"slice path {err_sliced:.2e}")
     assert err <= 1.05 * err_sliced
+
+
+def test_lora_shrink_reads_an_fp8_linears_quantized_rows_as_their_dequantized_values():
+    """lora_shrink of e4m3 rows and their fp32 scales (an FP8 linear's input, gpu_worker/fp8.py)
+    equals, after bf16 rounding, (q Aᵀ) · scale in fp32 for nearly every entry, and the slices'
+    dequantize-then-multiply within bf16's step: Fp8LoraLinear's two paths."""
+    from gpu_worker.fp8 import FP8_MAX, MIN_SCALE
+    from gpu_worker.fp8_quant_kernel import quantize_rows_fp8
+    from gpu_worker.lora_kernel import lora_shrink
+
+    hidden, rank, adapters = 3072, 64, 3
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    runs = [0] * 200 + [2] * 700 + [1] * 77 + [3] * 300
+    slots = torch.tensor(runs, device=DEVICE)[torch.randperm(len(runs), generator=g,
+                                                             device=DEVICE)]
+    x = torch.randn(len(runs), hidden, generator=g, device=DEVICE).to(torch.bfloat16)
+    a = (torch.randn(adapters, rank, hidden, generator=g, device=DEVICE) * 0.03).to(
+        torch.bfloat16)
+    q, scale = quantize_rows_fp8(x, fp8_max=FP8_MAX, min_scale=MIN_SCALE)
+    t = lora_shrink(q, a, slots, scale)
+    pick = torch.cat([torch.zeros(1, rank, hidden, device=DEVICE, dtype=torch.bfloat16), a])[slots]
+    want = (torch.einsum("mk,mrk->mr", q.float(), pick.float()) * scale).to(torch.bfloat16)
+    same = (t == want).float().mean().item()
+    sliced = torch.einsum("mk,mrk->mr", (q.to(torch.bfloat16) * scale.to(torch.bfloat16)).float(),
+                          pick.float())
+    err = ((t.double() - sliced.double()).norm() / sliced.double().norm()).item()
+    print(f"lora shrink of fp8 rows: {same:.4f} identical to the fp32 reference; "
+          f"rel. difference from the slices {err:.2e}")
+    assert same >= 0.99 and err <= 2**-7
+    assert bool((t[slots == 0] == 0).all())

@@ -137,7 +137,8 @@ def test_fp8_row_quantizers_match_a_float64_reference(rows, width):
 
 @pytest.mark.parametrize("kind", ["plain", "swiglu", "added"])
 @pytest.mark.parametrize("order", ["sorted", "interleaved"])
-def test_lora_kernels_match_a_float64_reference(kind, order):
+@pytest.mark.parametrize("repeats", [1, 3])  # 2,006 or 6,018 rows: lora_shrink's two tilings
+def test_lora_kernels_match_a_float64_reference(kind, order, repeats):
     """lora_shrink + lora_linear (qkv, gate/up with SwiGLU) or cuBLAS + lora_add (o, down) over
     base rows and three adapters (rank 64 of the 0.6B shapes): as close to a float64
     x Wᵀ + (x Aᵀ) Bᵀ as LoraLinear's slice path (cuBLAS, bf16 roundings between) is; rows
@@ -148,7 +149,7 @@ def test_lora_kernels_match_a_float64_reference(kind, order):
     hidden, out = {"plain": (1024, 4096), "swiglu": (1024, 6144), "added": (3072, 1024)}[kind]
     rank, adapters = 64, 3
     g = torch.Generator(device=DEVICE).manual_seed(7)
-    runs = [0] * 300 + [2] * 1000 + [1] * 77 + [0] * 129 + [3] * 500
+    runs = ([0] * 300 + [2] * 1000 + [1] * 77 + [0] * 129 + [3] * 500) * repeats
 
     def randn(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(torch.bfloat16)
@@ -183,7 +184,7 @@ def test_lora_kernels_match_a_float64_reference(kind, order):
     assert got.shape == exact.shape
     err = ((got.double() - exact).norm() / exact.norm()).item()
     err_sliced = ((sliced.double() - exact).norm() / exact.norm()).item()
-    print(f"lora {order} {kind}: rel. error kernels {err:.2e}, "
+    print(f"lora {order} {kind} ({len(runs)} rows): rel. error kernels {err:.2e}, "
           f"slice path {err_sliced:.2e}")
     assert err <= 1.05 * err_sliced
 

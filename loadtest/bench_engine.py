@@ -5,6 +5,7 @@ Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.
        [--modes engine,sync,one_per_item,fp8,fp8_bf16_o,classifier,classifier_from_labels,lora,
                 lora_fp8]
        [--classifier-model models/qwen3-0.6b-cls-random] [--fp8-settings no_down,edges2]
+       [--commit SHA]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
 (Engine.from_config, then the batch budget from gpu_worker/startup.py::measure_budget); --model
@@ -42,6 +43,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -299,6 +302,7 @@ def main():
                    help="the classifier mode's *ForSequenceClassification folder, of --model's "
                    "decoder shape (python -m tools.random_model --shape 0.6b-cls)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_engine.json")
+    p.add_argument("--commit", help="the commit measured (default: $COMMIT, else git HEAD)")
     args = p.parse_args()
     modes = args.modes.split(",")
 
@@ -398,6 +402,8 @@ def main():
         "lora": lora,
         "lora_fp8": lora_fp8,
         "gpu": torch.cuda.get_device_name(),
+        "commit": args.commit or os.environ.get("COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "torch": torch.__version__,
         "command": " ".join(["python -m", __spec__.name, *sys.argv[1:]]),
         "workload": vars(args) | {"model": str(args.model), "out": str(args.out),

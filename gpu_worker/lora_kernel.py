@@ -57,15 +57,21 @@ def fits(out_features: int, in_features: int, swiglu: bool, add: bool = False) -
     return out_features % PLAIN_BLOCK_N == 0 and in_features % BLOCK_K == 0
 
 
+@triton.jit
+def _tile_slots(slot_ptr, rows, M, NO_SLOT: tl.constexpr):
+    """A row tile's view of the slots: (rows inside M, each row's slot, 0 past M, and the
+    smallest and largest adapter slot among them; first > last: the model's rows alone)."""
+    inside = rows < M
+    slots = tl.load(slot_ptr + rows, mask=inside, other=0)
+    return inside, slots, tl.min(tl.where(slots > 0, slots, NO_SLOT)), tl.max(slots)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _lora_shrink_kernel(x_ptr, a_ptr, t_ptr, slot_ptr, scale_ptr, M, K: tl.constexpr,
                         R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                         NO_SLOT: tl.constexpr, SCALED: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    inside = rows < M
-    slots = tl.load(slot_ptr + rows, mask=inside, other=0)
-    first = tl.min(tl.where(slots > 0, slots, NO_SLOT))
-    last = tl.max(slots)
+    inside, slots, first, last = _tile_slots(slot_ptr, rows, M, NO_SLOT)
     r = tl.arange(0, R)
     kk = tl.arange(0, BLOCK_K)
     t = tl.zeros((BLOCK_M, R), dtype=tl.float32)
@@ -100,10 +106,7 @@ def _lora_linear_kernel(x_desc, w_desc, t_ptr, b_ptr, slot_ptr, bias_ptr, out_pt
             acc_u = tl.dot(a, w_desc.load([N + on, k]).T, acc_u)
 
     rows = om + tl.arange(0, BLOCK_M)
-    inside = rows < M
-    slots = tl.load(slot_ptr + rows, mask=inside, other=0)
-    first = tl.min(tl.where(slots > 0, slots, NO_SLOT))
-    last = tl.max(slots)
+    inside, slots, first, last = _tile_slots(slot_ptr, rows, M, NO_SLOT)
     r = tl.arange(0, R)
     n = on + tl.arange(0, BLOCK_N)
     for s in range(first, last + 1):
@@ -130,10 +133,7 @@ def _lora_linear_kernel(x_desc, w_desc, t_ptr, b_ptr, slot_ptr, bias_ptr, out_pt
 def _lora_add_kernel(y_ptr, t_ptr, b_ptr, slot_ptr, M, N: tl.constexpr, R: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NO_SLOT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    inside = rows < M
-    slots = tl.load(slot_ptr + rows, mask=inside, other=0)
-    first = tl.min(tl.where(slots > 0, slots, NO_SLOT))
-    last = tl.max(slots)
+    inside, slots, first, last = _tile_slots(slot_ptr, rows, M, NO_SLOT)
     if first <= last:  # a tile of the model's rows alone is left as it is
         r = tl.arange(0, R)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

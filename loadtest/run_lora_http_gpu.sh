@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LoRA adapters over HTTP on the GPU machine, from the repo root, in about 3 minutes:
+# LoRA adapters over HTTP on the GPU machine, from the repo root, in about 4 minutes:
 #   bash loadtest/run_lora_http_gpu.sh [ROUNDS]
 # Writes two rank-16 peft adapters (all seven projections, peft's own save_pretrained) of the
 # shipped GPU model, serves configs/score-gpu.yaml with them listed as ranker-a and ranker-b and
@@ -8,7 +8,8 @@
 #   single, 200 sequential requests of its default shape, the two alternating for ROUNDS (2)
 #   rounds so that drift of the machine falls on both;
 # - an adapter's first use over HTTP: requests naming ranker-b, ranker-a, ranker-b, ... one at a
-#   time, each finding its adapter unloaded (one slot), client-side wall time.
+#   time, each finding its adapter unloaded (one slot), client-side wall time; idle, then while
+#   loadgen sends the model's own requests at 100/s (none of which may fail).
 # Writes JSON to $OUT (or docs/results): single_<model>_<round>.json and the summary
 # lora_http.json. Needs what run_e2e_gpu.sh needs, and peft.
 set -uo pipefail
@@ -58,37 +59,66 @@ for round in $(seq 1 "$rounds"); do
       --out "$out/single_${model}_${round}.json" > /dev/null || exit 1
   done
 done
-python3 - "$out" "$rounds" <<'PY'
-import json, os, statistics, subprocess, sys, time
+first_use() {  # first_use NAME GAP_S: six requests naming ranker-b, ranker-a, ... in turn
+  python3 - "$out/first_use_$1.json" "$2" <<'PY'
+import json, sys, time
 
 import httpx
-import torch
 
-out, rounds = sys.argv[1], int(sys.argv[2])
+path, gap = sys.argv[1], float(sys.argv[2])
 body = {"query": list(range(1000, 1120)), "items": [list(range(2000, 2180))] * 10,
         "label_token_ids": [9454, 2753]}
-first_use = []
+times = []
 with httpx.Client(base_url="http://127.0.0.1:8000", timeout=60) as client:
     for name in ["ranker-b", "ranker-a"] * 3:  # one slot: each finds its adapter unloaded
         started = time.perf_counter()
         r = client.post("/v1/score", json=body | {"model": name})
-        first_use.append((time.perf_counter() - started) * 1e3)
+        times.append((time.perf_counter() - started) * 1e3)
         assert r.status_code == 200, r.text
+        time.sleep(gap)
+json.dump(times, open(path, "w"))
+PY
+}
+first_use idle 0 || exit 1
+# The same under a steady load of the model's own requests (the bench shape, 100 requests/s,
+# well under one H100's capacity): none of them may be refused while adapters load.
+python3 -m tools.loadgen run --rate 100 --duration 20 --warmup 1 --no-progress \
+  --out "$out/background.json" > /dev/null &
+background=$!
+sleep 4
+first_use under_load 2 || exit 1
+wait $background || exit 1
+python3 - "$out" "$rounds" <<'PY'
+import json, os, statistics, subprocess, sys
+
+import torch
+
+out, rounds = sys.argv[1], int(sys.argv[2])
 lone = {model: [json.load(open(f"{out}/single_{model}_{k}.json"))["result"]["latency_ms"]["p50"]
                 for k in range(1, rounds + 1)] for model in ("model", "ranker-a")}
+first_use = {kind: json.load(open(f"{out}/first_use_{kind}.json"))
+             for kind in ("idle", "under_load")}
+background = json.load(open(f"{out}/background.json"))["result"]
 summary = {
     "gpu": torch.cuda.get_device_name(),
     "commit": os.environ.get("COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
     "command": "bash loadtest/run_lora_http_gpu.sh " + str(rounds),
     "workload": "loadgen single: 200 sequential requests of its default shape per round; "
-                "first use: 120-token query + 10 items x 180 tokens",
+                "first use: 120-token query + 10 items x 180 tokens, idle and while loadgen run "
+                "sends the model's own requests (bench shape) at 100/s for 20 s",
     "lone_request_p50_ms": lone["ranker-a"], "base_lone_request_p50_ms": lone["model"],
-    "first_use_ms": first_use, "first_use_median_ms": statistics.median(first_use),
+    "first_use_ms": first_use["idle"], "first_use_median_ms": statistics.median(first_use["idle"]),
+    "first_use_under_load_ms": first_use["under_load"],
+    "background": {key: background[key] for key in ("offered_rps", "measured_requests",
+                                                    "successes", "failed", "failures")}
+                  | {"latency_ms": background["latency_ms"]},
 }
 json.dump(summary, open(f"{out}/lora_http.json", "w"), indent=1)
 print(f"lone request p50 over HTTP: ranker-a {lone['ranker-a']} ms, the model {lone['model']} "
-      f"ms; first use {[round(x, 1) for x in first_use]} ms")
+      f"ms; first use idle {[round(x, 1) for x in first_use['idle']]} ms, under load "
+      f"{[round(x, 1) for x in first_use['under_load']]} ms; the load: "
+      f"{background['successes']} answered, {background['failed']} failed")
 PY
 status=$?
 stop_service

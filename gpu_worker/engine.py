@@ -19,6 +19,7 @@ from gpu_worker.attention_flashinfer import FlashInferAttention
 from gpu_worker.attention_torch import TorchAttention
 from gpu_worker.fp8 import check_fp8_device, quantize_model
 from gpu_worker.graphs import CudaGraphs
+from gpu_worker.heads import AdapterHeads, SequenceClassifierForScoring
 from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.loader import load_model
 from gpu_worker.lora import Adapter, LoraBatch, lora_linears
@@ -107,6 +108,8 @@ class Engine:
             self._lora_linears = lora_linears(model, self.lora, lora.slots, lora.max_rank,
                                               self.ops.fused_gate_up)
             self.adapters = [None] * lora.slots
+            if isinstance(model, SequenceClassifierForScoring):  # adapters may bring heads
+                model.adapter_heads = AdapterHeads(model.score.weight, lora.slots, self.lora)
             self._adapter_keys = [b""] * lora.slots
             self.max_rank = lora.max_rank
         self._lora_kernels = any(x.kernels for x in self._lora_linears.values())
@@ -125,6 +128,8 @@ class Engine:
         self.check_adapter(adapter)
         for key, linear in self._lora_linears.items():
             linear.put(slot, adapter.pairs.get(key))
+        if isinstance(self.model, SequenceClassifierForScoring):
+            self.model.adapter_heads.put(slot, adapter.head)
         self.adapters[slot - 1] = adapter
         # A new key on every load: the prefix cache never serves K/V of what the slot held
         # before, nor of an earlier read of this folder (its files may have changed since).
@@ -132,10 +137,8 @@ class Engine:
         self._adapter_keys[slot - 1] = self._loads.to_bytes(8, "little")
 
     def check_adapter(self, adapter: Adapter) -> None:
-        """Raise ModelFolderError where this engine's slots cannot hold the adapter."""
-        if adapter.head is not None:
-            raise ModelFolderError(f"{adapter.folder}: an adapter with its own classification "
-                                   "head (modules_to_save) is not supported yet")
+        """Raise ModelFolderError where this engine's slots cannot hold the adapter (its own
+        classification head was checked against the model's config as it was read)."""
         if adapter.rank > self.max_rank:
             raise ModelFolderError(f"{adapter.folder}: rank {adapter.rank} is above "
                                    f"lora.max_rank {self.max_rank}")

@@ -21,6 +21,38 @@ from ranker_contract.config import RerankPrompt
 from ranker_contract.model_config import ModelConfig
 
 
+class AdapterHeads:
+    """The classification heads of a classifier's LoRA adapters (peft's `modules_to_save`), in
+    fp32: slot s's at s, slot 0 the model's own; a slot whose adapter brings none holds the
+    model's. `batch` is the engine's LoraBatch (gpu_worker/lora.py): the rows of an adapter's
+    run read its slot's head; where each row's slot is on the device (a CUDA graph, the LoRA
+    kernels) every row picks its own, from one GEMM over all the heads (a few classes each)."""
+
+    def __init__(self, head: torch.Tensor, slots: int, batch) -> None:
+        self.weights = head.detach().float().unsqueeze(0).repeat(slots + 1, 1, 1)  # [S+1, C, H]
+        self.batch = batch
+
+    def put(self, slot: int, head: torch.Tensor | None) -> None:
+        """Queued on the stream after every batch launched before, as LoraLinear.put."""
+        self.weights[slot].copy_(self.weights[0] if head is None else head, non_blocking=True)
+
+    def in_use(self) -> bool:
+        return self.batch.capturing or bool(self.batch.rows)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[R, C] fp32 logits of the score rows, each row's by its adapter's head."""
+        h = hidden.float()
+        if self.batch.capturing or self.batch.kernels:
+            slots, classes = self.batch.row_slots, self.weights.shape[1]
+            every = torch.nn.functional.linear(h, self.weights.flatten(0, 1))  # [R, (S+1) C]
+            picked = slots[:, None] * classes + torch.arange(classes, device=h.device)
+            return every.gather(1, picked)
+        logits = torch.nn.functional.linear(h, self.weights[0])
+        for slot, start, end in self.batch.rows:
+            logits[start:end] = torch.nn.functional.linear(h[start:end], self.weights[slot])
+        return logits
+
+
 class SequenceClassifierForScoring(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -29,6 +61,7 @@ class SequenceClassifierForScoring(nn.Module):
         self.config = cfg
         self.model = DecoderModel(cfg)
         self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False)  # HF's name, no bias
+        self.adapter_heads: AdapterHeads | None = None  # set by an engine with adapter slots
 
     def label_logprobs(
         self,
@@ -39,7 +72,10 @@ class SequenceClassifierForScoring(nn.Module):
         """[N] fp32 class logits gathered at (row, class). The head runs in fp32: it is
         [R, hidden] x [hidden, classes], negligible next to the decoder, and a bf16 logit
         would round a reward to 3 significant digits."""
-        logits = torch.nn.functional.linear(hidden.float(), self.score.weight.float())  # [R, C]
+        if self.adapter_heads is not None and self.adapter_heads.in_use():
+            logits = self.adapter_heads.logits(hidden)
+        else:
+            logits = torch.nn.functional.linear(hidden.float(), self.score.weight.float())
         return logits[label_rows, label_ids]
 
 

@@ -12,7 +12,8 @@ configured largest rank, padded to a multiple of RANK_ALIGN; an adapter fills it
 the rest are zeros (a zero row of A meets a zero column of B: the product is unchanged), so the
 widened GEMMs below keep the tile-aligned K the fused gate/up kernel needs, and one compiled
 variant serves every adapter. A `modules_to_save` head (a classifier's `score.weight`) is read
-and checked too; the engine refuses such an adapter for now.
+and checked too; the engine scores that adapter's rows with it (gpu_worker/heads.py,
+AdapterHeads).
 
 `LoraLinear` applies the adapters of a batch beside the base weights (an engine built with
 adapter slots puts one in place of each float linear, an `Fp8LoraLinear` in place of each FP8

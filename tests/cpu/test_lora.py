@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from peft import LoraConfig, TaskType, get_peft_model
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from gpu_worker.engine import Engine
@@ -286,3 +287,58 @@ def test_an_adapter_on_an_fp8_base_adds_peft_s_delta_to_the_rows_the_fp8_gemm_re
     base = references[0].finish(references[0].launch(sequences, labels))
     assert worst_difference(got[1:2], base[1:2]) <= 1e-5
     assert abs(got[0][0][0] - base[0][0][0]) > 1e-3  # the adapter moves the FP8 model's scores
+
+
+def test_a_classifier_adapters_own_head_scores_its_rows_and_the_others_keep_the_models(
+        tiny_classifier, tmp_path):
+    """A three-class classifier with two adapters, one bringing its own trained head
+    (modules_to_save, drawn at random here as training would move it) and one without: in one
+    batch with the model's own sequences, each scores as HF transformers' logits of peft's
+    merge_and_unload() of its adapter (or of the model), in fp32; slot 1 loaded over with the
+    headless adapter holds the model's head again."""
+    folder = tiny_classifier("llama_3class")
+    cfg = ModelConfig.from_folder(folder)
+    references, folders = [AutoModelForSequenceClassification.from_pretrained(folder).eval()], []
+    for k, own_head in enumerate((True, False)):
+        torch.manual_seed(21 + k)
+        peft_model = get_peft_model(
+            AutoModelForSequenceClassification.from_pretrained(folder),
+            LoraConfig(init_lora_weights=False, task_type=TaskType.SEQ_CLS, r=4, lora_alpha=8,
+                       target_modules=ALL))
+        if own_head:
+            head = peft_model.base_model.model.score.modules_to_save["default"].weight
+            head.data = torch.randn_like(head) * 0.5
+        peft_model.save_pretrained(tmp_path / f"adapter{k}")
+        if not own_head:  # peft saves the model's head anyway: this adapter comes without one
+            state = load_file(tmp_path / f"adapter{k}" / "adapter_model.safetensors")
+            save_file({key: value for key, value in state.items()
+                       if not key.endswith("score.weight")},
+                      tmp_path / f"adapter{k}" / "adapter_model.safetensors")
+        references.append(peft_model.merge_and_unload().eval())
+        folders.append(tmp_path / f"adapter{k}")
+    adapters = [load_adapter(f, cfg, torch.float32, torch.device("cpu")) for f in folders]
+    assert adapters[0].head is not None and adapters[1].head is None
+    engine = Engine.from_config(folder, EngineConfig(), lora=Slots(slots=2, max_rank=4))
+    for adapter in adapters:
+        engine.add_adapter(adapter)
+    rng = random.Random(4)
+
+    def ids(n):
+        return [rng.randrange(1, cfg.vocab_size) for _ in range(n)]
+
+    requests = [(ids(8), [ids(5), ids(3)]), (ids(6), [ids(4)]), (ids(7), [ids(6), ids(2)]),
+                (ids(9), [ids(3)])]
+    slots = [1, 0, 2, 1]
+    classes = [0, 1, 2]
+    sequences = [pack_multi_item(q, items, 0) for q, items in requests]
+    got = engine.finish(engine.launch(sequences, [classes] * 4, adapters=slots))
+
+    def hf(model, query, items):
+        with torch.inference_mode():
+            return [model(torch.tensor([query + item])).logits[0].tolist() for item in items]
+
+    for (query, items), slot, scores in zip(requests, slots, got, strict=True):
+        assert worst_difference([scores], [hf(references[slot], query, items)]) <= 1e-4, slot
+    engine.put_adapter(1, adapters[1])
+    again = engine.finish(engine.launch(sequences[:1], [classes], adapters=[1]))
+    assert worst_difference(again, [hf(references[2], *requests[0])]) <= 1e-4

@@ -20,7 +20,7 @@ from gpu_worker.lora import load_adapter
 from ranker_contract.config import EngineConfig, LoraConfig, PrefixCacheConfig
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
-from tests.gpu.conftest import LABELS, VOCAB
+from tests.gpu.conftest import LABELS, VOCAB, random_model_folder
 from tests.gpu.test_gpu_matrix import FP8_VS_BF16, SAME_BF16, SAME_FP8, differences, within
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -163,6 +163,68 @@ def test_a_prefix_cache_hit_of_an_adapter_scores_what_its_miss_did(qwen3_path, a
     for slot, hit, miss in zip((1, 0), hits, misses):
         within(hit, miss, SAME_BF16, f"slot {slot}: hit vs miss")
     assert abs(misses[0][0][0][0] - misses[1][0][0][0]) > SAME_BF16[0]  # not the base's K/V
+
+
+def test_a_classifier_adapters_own_head_in_a_batch_and_in_a_graph(tmp_path):
+    """The 0.6B-shaped classifier with an adapter bringing its own trained head (drawn at random,
+    as training would move it) and one without: a batch of both and the model's own requests
+    (each row's head picked by its slot), each request replayed alone (the same in a CUDA graph)
+    and a batch of one adapter (the head of its run) against HF fp32 logits of peft's
+    merge_and_unload() of its adapter (or the model), within the bound of the first test."""
+    from peft import LoraConfig as PeftLora
+    from peft import TaskType, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSequenceClassification
+
+    folder = random_model_folder("0.6b-cls")
+    merged_folders = [folder]
+    for k, own_head in enumerate((True, False)):
+        torch.manual_seed(30 + k)
+        model = get_peft_model(AutoModelForSequenceClassification.from_pretrained(folder),
+                               PeftLora(r=16, lora_alpha=16, init_lora_weights=False,
+                                        task_type=TaskType.SEQ_CLS, target_modules=ALL))
+        if own_head:
+            head = model.base_model.model.score.modules_to_save["default"].weight
+            head.data = torch.randn_like(head) * head.std()
+        model.save_pretrained(tmp_path / f"adapter{k}")
+        if not own_head:  # peft saves the model's head anyway: this adapter comes without one
+            path = tmp_path / f"adapter{k}" / "adapter_model.safetensors"
+            save_file({key: v for key, v in load_file(path).items()
+                       if not key.endswith("score.weight")}, path)
+        model.merge_and_unload().save_pretrained(tmp_path / f"merged{k}")
+        merged_folders.append(tmp_path / f"merged{k}")
+    engine = Engine.from_config(folder, GRAPHS, lora=SLOTS)
+    cfg = ModelConfig.from_folder(folder)
+    for k in range(2):
+        engine.add_adapter(load_adapter(tmp_path / f"adapter{k}", cfg, engine.dtype,
+                                        engine.device))
+    assert engine.adapters[0].head is not None and engine.adapters[1].head is None
+    requests, sequences, slots = mixed_workload()
+    classes = [list(range(cfg.num_labels))] * len(sequences)
+    mixed = engine.finish(engine.launch(sequences, classes, adapters=slots))
+    replayed = [engine.finish(engine.launch([seq], classes[:1], adapters=[slot]))[0]
+                for seq, slot in zip(sequences, slots)]
+    ones = [0 if slot != 1 else 1 for slot in slots]  # the model's and adapter 1's: its run
+    one_run = engine.finish(engine.launch(sequences, classes, overlapped=True, adapters=ones))
+    for k, folder_k in enumerate(merged_folders):
+        hf = AutoModelForSequenceClassification.from_pretrained(
+            folder_k, dtype=torch.float32).cuda().eval()
+        want = []
+        for query, items in requests:
+            with torch.inference_mode():
+                want.append([hf(torch.tensor([query + item], device="cuda")).logits[0].tolist()
+                             for item in ([[]] if items is None else items)])
+        del hf
+        merged = Engine.from_config(folder_k, EngineConfig(device="cuda"))
+        merged_error = differences(merged.finish(merged.launch(sequences, classes)), want)
+        del merged
+        bounds = tuple(max(own, 1.5 * e) for own, e in zip(SAME_BF16, merged_error))
+        print(f"classifier slot {k}: the merged model's bf16 engine vs HF fp32: {merged_error}")
+        for name, got, picked in (("mixed", mixed, slots), ("replayed", replayed, slots),
+                                  ("one adapter's run", one_run, ones)):
+            rows = [i for i, slot in enumerate(picked) if slot == k]
+            within([got[i] for i in rows], [want[i] for i in rows], bounds,
+                   f"classifier slot {k}, {name}, vs HF fp32")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])

@@ -17,10 +17,10 @@ AdapterHeads).
 
 `LoraLinear` applies the adapters of a batch beside the base weights (an engine built with
 adapter slots puts one in place of each float linear, an `Fp8LoraLinear` in place of each FP8
-one). Where the output is wider than the input (qkv,
-gate/up), an adapter's rows run one GEMM with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ,
-which costs copies of x and W; elsewhere (o, down) the delta is added to the output afterwards,
-which reads and writes the output once more: each picks the smaller tensor to move. A batch of
+one). Where the output is wider than the input (qkv, gate/up), an adapter's rows run one GEMM
+with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ, which costs copies of x and W;
+elsewhere (o, down) the delta is added to the output afterwards, which reads and writes the
+output once more: each picks the smaller tensor to move. A batch of
 several adapters would pay those copies per adapter, and a CUDA graph cannot cut its rows at
 runs known only at replay: on Hopper both run through gpu_worker/lora_kernel.py instead
 (docs/ARCHITECTURE.md, "LoRA adapters").

@@ -13,12 +13,12 @@ The query rows it computes are copied into new pages as each layer runs, before 
 attention: any sequence of the same batch already reads them.
 
 Only queries (never item rows) are cached, keyed on their exact token ids and on the adapter
-whose K/V they are (an `owner`: b"" for the model alone): a pool belongs to one engine, so model,
-dtype and precision are fixed. Pages are evicted least-recently used, a
-query's deeper pages before its first ones. Nothing here waits on the GPU: every batch runs on
-one CUDA stream, so a batch that evicts a page and writes its slots runs after every earlier
-batch that read them; a batch never evicts a page it uses itself (else it computes the rest of
-the query without keeping it: a bypass).
+whose K/V they are (an `owner`: b"" for the model alone): a pool belongs to one engine, so
+model, dtype and precision are fixed. Pages are evicted least-recently used, a query's deeper
+pages before its first ones. Nothing here waits on the GPU: every batch runs on one CUDA
+stream, so a batch that evicts a page and writes its slots runs after every earlier batch that
+read them; a batch never evicts a page it uses itself (else it computes the rest of the query
+without keeping it: a bypass).
 """
 
 from __future__ import annotations

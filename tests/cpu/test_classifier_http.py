@@ -4,7 +4,8 @@ seeded *ForSequenceClassification folder written by transformers, with a real to
 `AutoModelForSequenceClassification` on each query + item alone, and the 400s of a request that
 does not fit a classifier. Two services, one after the other: a one-class Qwen3 (a reward
 model's head) with the Qwen3 tokenizer and the qwen3 rerank template, and a two-class Llama with
-the default model's tokenizer and the yes_no template."""
+the default model's tokenizer and the yes_no template. Each serves two LoRA adapters too, one
+with a classification head of its own."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 import tools.service as tooling
 from ranker_contract.config import RerankConfig
+from tests.support.adapters import write_classifier_adapter
 from tools.random_model import default_model_tokenizer, qwen3_tokenizer
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
@@ -32,18 +34,24 @@ DOCS = ["Paris is the capital and most populous city of France.",
 
 
 @pytest.fixture(scope="module", params=list(SERVED))
-def svc(request, tiny_classifier):
+def svc(request, tiny_classifier, tmp_path_factory):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     name, vocab, tokenizer_files, template = SERVED[request.param]
     path = tiny_classifier(name, vocab, tokenizer_files())
     config = tooling.small_model_config(path)
     config["applications"][0]["args"]["rerank"] = {"template": template}
+    adapters = tmp_path_factory.mktemp("adapters")  # LoRA adapters, one with a head of its own
+    merged = {adapter: write_classifier_adapter(path, adapters / adapter, own_head, seed=40 + k)
+              for k, (adapter, own_head) in enumerate((("own-head", True), ("no-head", False)))}
+    config["applications"][0]["args"]["adapters"] = [
+        {"name": adapter, "path": str(adapters / adapter)} for adapter in merged]
     with tooling.serving(config) as service, \
             httpx.Client(base_url=service.url, timeout=120) as client:
         hf = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
         yield dict(client=client, hf=hf, classes=hf.config.num_labels, template=template,
-                   tokenizer=AutoTokenizer.from_pretrained(path, local_files_only=True))
+                   tokenizer=AutoTokenizer.from_pretrained(path, local_files_only=True),
+                   merged=merged)
 
 
 def _hf_logits(hf, ids: list[int]) -> list[float]:
@@ -68,6 +76,22 @@ def test_score_returns_each_items_class_logits_as_hf_on_query_plus_item(svc):
     for k, item in enumerate(items):  # multi-item == one item at a time
         alone = _post(svc["client"], "/v1/score", {"query": query, "items": [item]})
         assert alone["scores"][0] == pytest.approx(out["scores"][k], abs=1e-5)
+
+
+def test_an_adapter_with_its_own_head_scores_as_hf_on_its_merged_model(svc):
+    """Requests naming an adapter: one that brings its own trained head (modules_to_save) and
+    one that does not each score as HF on peft's merge_and_unload() of it."""
+    query, items = [1000 + i for i in range(25)], [[3000 + i for i in range(n)] for n in (7, 2)]
+    for adapter, merged in svc["merged"].items():
+        out = _post(svc["client"], "/v1/score", {"query": query, "items": items,
+                                                 "model": adapter})
+        for k, (row, item) in enumerate(zip(out["scores"], items, strict=True)):
+            ref = _hf_logits(merged, query + item)
+            assert max(abs(a - b) for a, b in zip(row, ref, strict=True)) <= TOL, (adapter, k)
+    base = _post(svc["client"], "/v1/score", {"query": query, "items": items})["scores"]
+    own = _post(svc["client"], "/v1/score", {"query": query, "items": items,
+                                             "model": "own-head"})["scores"]
+    assert max(abs(a - b) for a, b in zip(base[0], own[0])) > 10 * TOL  # the adapter counts
 
 
 def test_score_sigmoid_softmax_and_class_order(svc):

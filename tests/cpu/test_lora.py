@@ -12,7 +12,6 @@ from dataclasses import replace
 import pytest
 import torch
 from peft import LoraConfig, TaskType, get_peft_model
-from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from gpu_worker.engine import Engine
@@ -24,6 +23,7 @@ from ranker_contract.config import EngineConfig, Fp8Config
 from ranker_contract.config import LoraConfig as Slots
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 from ranker_contract.packing import pack_multi_item, pack_plain
+from tests.support.adapters import write_classifier_adapter
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TOL = 1e-6
@@ -292,30 +292,16 @@ def test_an_adapter_on_an_fp8_base_adds_peft_s_delta_to_the_rows_the_fp8_gemm_re
 def test_a_classifier_adapters_own_head_scores_its_rows_and_the_others_keep_the_models(
         tiny_classifier, tmp_path):
     """A three-class classifier with two adapters, one bringing its own trained head
-    (modules_to_save, drawn at random here as training would move it) and one without: in one
+    (modules_to_save) and one without (tests/support/adapters.py): in one
     batch with the model's own sequences, each scores as HF transformers' logits of peft's
     merge_and_unload() of its adapter (or of the model), in fp32; slot 1 loaded over with the
     headless adapter holds the model's head again."""
     folder = tiny_classifier("llama_3class")
     cfg = ModelConfig.from_folder(folder)
-    references, folders = [AutoModelForSequenceClassification.from_pretrained(folder).eval()], []
-    for k, own_head in enumerate((True, False)):
-        torch.manual_seed(21 + k)
-        peft_model = get_peft_model(
-            AutoModelForSequenceClassification.from_pretrained(folder),
-            LoraConfig(init_lora_weights=False, task_type=TaskType.SEQ_CLS, r=4, lora_alpha=8,
-                       target_modules=ALL))
-        if own_head:
-            head = peft_model.base_model.model.score.modules_to_save["default"].weight
-            head.data = torch.randn_like(head) * 0.5
-        peft_model.save_pretrained(tmp_path / f"adapter{k}")
-        if not own_head:  # peft saves the model's head anyway: this adapter comes without one
-            state = load_file(tmp_path / f"adapter{k}" / "adapter_model.safetensors")
-            save_file({key: value for key, value in state.items()
-                       if not key.endswith("score.weight")},
-                      tmp_path / f"adapter{k}" / "adapter_model.safetensors")
-        references.append(peft_model.merge_and_unload().eval())
-        folders.append(tmp_path / f"adapter{k}")
+    folders = [tmp_path / "own_head", tmp_path / "no_head"]
+    references = [AutoModelForSequenceClassification.from_pretrained(folder).eval(),
+                  *(write_classifier_adapter(folder, f, own_head, seed=21 + k)
+                    for k, (f, own_head) in enumerate(zip(folders, (True, False))))]
     adapters = [load_adapter(f, cfg, torch.float32, torch.device("cpu")) for f in folders]
     assert adapters[0].head is not None and adapters[1].head is None
     engine = Engine.from_config(folder, EngineConfig(), lora=Slots(slots=2, max_rank=4))

@@ -22,6 +22,7 @@ from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import LABELS, VOCAB, random_model_folder
 from tests.gpu.test_gpu_matrix import FP8_VS_BF16, SAME_BF16, SAME_FP8, differences, within
+from tests.support.adapters import write_classifier_adapter
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GRAPHS = EngineConfig(device="cuda", cuda_graphs={"enabled": True, "token_buckets": [512, 2048]})
@@ -166,32 +167,19 @@ def test_a_prefix_cache_hit_of_an_adapter_scores_what_its_miss_did(qwen3_path, a
 
 
 def test_a_classifier_adapters_own_head_in_a_batch_and_in_a_graph(tmp_path):
-    """The 0.6B-shaped classifier with an adapter bringing its own trained head (drawn at random,
-    as training would move it) and one without: a batch of both and the model's own requests
+    """The 0.6B-shaped classifier with an adapter bringing its own trained head and one without
+    (tests/support/adapters.py): a batch of both and the model's own requests
     (each row's head picked by its slot), each request replayed alone (the same in a CUDA graph)
     and a batch of one adapter (the head of its run) against HF fp32 logits of peft's
     merge_and_unload() of its adapter (or the model), within the bound of the first test."""
-    from peft import LoraConfig as PeftLora
-    from peft import TaskType, get_peft_model
-    from safetensors.torch import load_file, save_file
     from transformers import AutoModelForSequenceClassification
 
     folder = random_model_folder("0.6b-cls")
     merged_folders = [folder]
     for k, own_head in enumerate((True, False)):
-        torch.manual_seed(30 + k)
-        model = get_peft_model(AutoModelForSequenceClassification.from_pretrained(folder),
-                               PeftLora(r=16, lora_alpha=16, init_lora_weights=False,
-                                        task_type=TaskType.SEQ_CLS, target_modules=ALL))
-        if own_head:
-            head = model.base_model.model.score.modules_to_save["default"].weight
-            head.data = torch.randn_like(head) * head.std()
-        model.save_pretrained(tmp_path / f"adapter{k}")
-        if not own_head:  # peft saves the model's head anyway: this adapter comes without one
-            path = tmp_path / f"adapter{k}" / "adapter_model.safetensors"
-            save_file({key: v for key, v in load_file(path).items()
-                       if not key.endswith("score.weight")}, path)
-        model.merge_and_unload().save_pretrained(tmp_path / f"merged{k}")
+        merged = write_classifier_adapter(folder, tmp_path / f"adapter{k}", own_head,
+                                          seed=30 + k, rank=16)
+        merged.save_pretrained(tmp_path / f"merged{k}")
         merged_folders.append(tmp_path / f"merged{k}")
     engine = Engine.from_config(folder, GRAPHS, lora=SLOTS)
     cfg = ModelConfig.from_folder(folder)

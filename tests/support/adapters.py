@@ -25,3 +25,27 @@ def write_adapters(base: Path, folder: Path, settings: dict[str, dict], seed: in
         model.merge_and_unload().save_pretrained(folder / name / "merged")
         made[name] = (folder / name / "adapter", folder / name / "merged")
     return made
+
+
+def write_classifier_adapter(base: Path, folder: Path, own_head: bool, seed: int, rank: int = 4):
+    """A seeded peft SEQ_CLS adapter of the classifier `base`, rank `rank` on all seven
+    projections, saved to `folder`: with its own trained head (drawn at random at the scale of
+    the model's, as training would move it) or without one (peft saves the model's head anyway:
+    taken out of the file). Returns peft's merge_and_unload() of it, in eval mode."""
+    from peft import TaskType
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    model = get_peft_model(AutoModelForSequenceClassification.from_pretrained(base),
+                           LoraConfig(init_lora_weights=False, task_type=TaskType.SEQ_CLS, r=rank,
+                                      lora_alpha=2 * rank, target_modules=ALL))
+    if own_head:
+        head = model.base_model.model.score.modules_to_save["default"].weight
+        head.data = torch.randn_like(head) * head.std()
+    model.save_pretrained(folder)
+    if not own_head:
+        path = folder / "adapter_model.safetensors"
+        save_file({key: value for key, value in load_file(path).items()
+                   if not key.endswith("score.weight")}, path)
+    return model.merge_and_unload().eval()

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 import ray
 
 from ranker_batch.job import read_input, score_dataset
+from tools import git_commit
 from tools.configs import shipped_app_config
 from tools.workload import WORDS, Workload
 
@@ -156,8 +157,7 @@ def main() -> int:
     busy = [util for when, _, util in samples if first <= when <= last]
     engine_bench = (json.loads(args.engine_bench.read_text())["engine_items_per_s"]
                     if args.engine_bench else None)
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                           capture_output=True, text=True).stdout.strip()
+    commit = args.commit or git_commit()
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
                          capture_output=True, text=True).stdout.strip()
     run = {"gpu": gpu, "commit": commit,

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -60,7 +59,7 @@ from gpu_worker.startup import measure_budget
 from loadtest.hf_baseline import HFBaseline
 from ranker_contract.config import EngineConfig, LoraConfig, SchedulerConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
-from tools import REPO_ROOT, RESULTS_DIR
+from tools import REPO_ROOT, RESULTS_DIR, git_commit
 from tools.configs import shipped_app_config
 from tools.fidelity import parse_setting
 from tools.random_model import SHAPES
@@ -402,8 +401,7 @@ def main():
         "lora": lora,
         "lora_fp8": lora_fp8,
         "gpu": torch.cuda.get_device_name(),
-        "commit": args.commit or os.environ.get("COMMIT") or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "commit": args.commit or os.environ.get("COMMIT") or git_commit(),
         "torch": torch.__version__,
         "command": " ".join(["python -m", __spec__.name, *sys.argv[1:]]),
         "workload": vars(args) | {"model": str(args.model), "out": str(args.out),

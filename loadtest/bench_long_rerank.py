@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from tools import git_commit
 from tools.configs import shipped_yaml
 from tools.service import serving
 from tools.workload import WORDS
@@ -71,8 +72,7 @@ def main() -> int:
             print(f"{name:12s} {documents:6d} docs × {words:6d} words: "
                   f"{answer['usage']['total_tokens']:9d} tokens, median "
                   f"{results[name]['median_s']:.3f} s")
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                           capture_output=True, text=True).stdout.strip()
+    commit = args.commit or git_commit()
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
                          capture_output=True, text=True).stdout.strip()
     args.out.parent.mkdir(parents=True, exist_ok=True)

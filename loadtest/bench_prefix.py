@@ -33,7 +33,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from tools import RESULTS_DIR
+from tools import RESULTS_DIR, git_commit
 from tools.configs import shipped_yaml
 from tools.http_client import make_session
 from tools.loadgen import RateConfig, run_rate, run_sweep
@@ -51,11 +51,6 @@ def gpu_name() -> str:
     out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                          capture_output=True, text=True)
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
-
-
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def serve_env() -> str:

@@ -89,9 +89,11 @@ sleep 4
 first_use under_load 2 || exit 1
 wait $background || exit 1
 python3 - "$out" "$rounds" <<'PY'
-import json, os, statistics, subprocess, sys
+import json, os, statistics, sys
 
 import torch
+
+from tools import git_commit
 
 out, rounds = sys.argv[1], int(sys.argv[2])
 lone = {model: [json.load(open(f"{out}/single_{model}_{k}.json"))["result"]["latency_ms"]["p50"]
@@ -101,8 +103,7 @@ first_use = {kind: json.load(open(f"{out}/first_use_{kind}.json"))
 background = json.load(open(f"{out}/background.json"))["result"]
 summary = {
     "gpu": torch.cuda.get_device_name(),
-    "commit": os.environ.get("COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+    "commit": os.environ.get("COMMIT") or git_commit(),
     "command": "bash loadtest/run_lora_http_gpu.sh " + str(rounds),
     "workload": "loadgen single: 200 sequential requests of its default shape per round; "
                 "first use: 120-token query + 10 items x 180 tokens, idle and while loadgen run "

@@ -17,8 +17,17 @@ Layers (tests/cpu/test_config.py): tools import the product packages only; loadt
 benchmarks) and tests import tools.
 """
 
+import subprocess
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "docs" / "results"  # committed results live beside the docs citing them
 DEFAULT_MODEL = REPO_ROOT / "models" / "smollm2-135m-instruct"  # configs/score.yaml's model_path
+
+
+def git_commit() -> str:
+    """The short hash of the checkout's HEAD: the commit a result measured ("unknown" outside
+    a git checkout)."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                         capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"

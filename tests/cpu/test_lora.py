@@ -23,9 +23,8 @@ from ranker_contract.config import EngineConfig, Fp8Config
 from ranker_contract.config import LoraConfig as Slots
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 from ranker_contract.packing import pack_multi_item, pack_plain
-from tests.support.adapters import write_classifier_adapter
+from tests.support.adapters import ALL, write_adapters, write_classifier_adapter
 
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TOL = 1e-6
 
 
@@ -115,21 +114,15 @@ def two_adapters(tiny_checkpoint, tmp_path_factory):
     """Two seeded peft adapters of the tiny qwen3 checkpoint (rank 4 on all seven projections;
     rank 8 on three), with an engine on each one's merge_and_unload(): (base folder, its
     config, the adapters' folders, the merged engines, the merged models' state dicts)."""
-    base_folder, tmp_path = tiny_checkpoint("qwen3"), tmp_path_factory.mktemp("adapters")
-    folders, merged_engines, merged_states = [], [], []
-    for k, settings in enumerate([dict(r=4, lora_alpha=8, target_modules=ALL),
-                                  dict(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj",
-                                                                          "down_proj"])]):
-        torch.manual_seed(11 + k)
-        peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_folder),
-                                    LoraConfig(init_lora_weights=False, **settings))
-        peft_model.save_pretrained(tmp_path / f"adapter{k}")
-        merged = tmp_path / f"merged{k}"
-        merged_model = peft_model.merge_and_unload()
-        merged_model.save_pretrained(merged)
-        merged_states.append(merged_model.state_dict())
-        folders.append(tmp_path / f"adapter{k}")
-        merged_engines.append(Engine.from_config(merged, EngineConfig()))
+    base_folder = tiny_checkpoint("qwen3")
+    made = write_adapters(base_folder, tmp_path_factory.mktemp("adapters"), {
+        "adapter0": dict(r=4, lora_alpha=8, target_modules=ALL),
+        "adapter1": dict(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj", "down_proj"])},
+        seed=11)
+    folders = [adapter for adapter, _ in made.values()]
+    merged_engines = [Engine.from_config(merged, EngineConfig()) for _, merged in made.values()]
+    merged_states = [AutoModelForCausalLM.from_pretrained(merged).state_dict()
+                     for _, merged in made.values()]
     return (base_folder, ModelConfig.from_folder(base_folder), folders, merged_engines,
             merged_states)
 

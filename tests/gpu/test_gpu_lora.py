@@ -22,9 +22,8 @@ from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import LABELS, VOCAB, random_model_folder
 from tests.gpu.test_gpu_matrix import FP8_VS_BF16, SAME_BF16, SAME_FP8, differences, within
-from tests.support.adapters import write_classifier_adapter
+from tests.support.adapters import ALL, write_classifier_adapter
 
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 GRAPHS = EngineConfig(device="cuda", cuda_graphs={"enabled": True, "token_buckets": [512, 2048]})
 SLOTS = LoraConfig(slots=4, max_rank=16)
 

@@ -190,7 +190,8 @@ class _LoraSlots:
         self.lora_a = torch.zeros(slots, rank, in_features, dtype=dtype, device=device)
         self.lora_b = torch.zeros(slots, out_features, rank, dtype=dtype, device=device)
         self.used: set[int] = set()  # the slots whose adapter adapts this linear
-        # gpu_worker/lora_kernel.py for batches of several adapters and in CUDA graphs
+        # the Triton kernels (gpu_worker/lora_kernel.py) may run here; when they do is each
+        # class's _through_kernels_now
         self.kernels = kernels
 
     def put(self, slot: int, pair: LoraPair | None) -> None:
@@ -238,8 +239,8 @@ class LoraLinear(_LoraSlots, Linear):
         Linear.__init__(self, linear.in_features, linear.out_features,
                         bias=linear.bias is not None, device="meta")
         self.weight, self.bias = linear.weight, linear.bias
-        # kernels for several adapters' batches and graphs: one adapter's run is faster as the
-        # slices below (docs/BENCHMARKS.md, "LoRA adapters")
+        # the kernels for several adapters' batches and in graphs: one adapter's run is faster
+        # as the slices below (docs/BENCHMARKS.md, "LoRA adapters")
         self._allocate_slots(batch, reads_rows, slots, rank, tuple(linear.weight.shape),
                              linear.weight.dtype, linear.weight.device, kernels)
         # K widened where the output is the larger tensor to move (the module docstring)

@@ -4,6 +4,8 @@ kernel warmed up, and the scheduling loop running."""
 
 from __future__ import annotations
 
+import gc
+import time
 from dataclasses import dataclass
 
 import torch
@@ -23,9 +25,27 @@ class Scorer:
     budget: BatchBudget
     scheduler: Scheduler  # started
 
+    def stop(self, drain_s: float) -> None:
+        """Stop the loop once it has answered what it accepted, waiting at most `drain_s`; what
+        is left then fails (gpu_worker/scheduler.py::Scheduler.stop)."""
+        deadline = time.monotonic() + drain_s
+        while not self.scheduler.depth().empty and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.scheduler.stop()
 
-def start_scorer(config: AppConfig, scheduler: SchedulerConfig | None = None) -> Scorer:
-    """`scheduler`: replaces config.scheduler (an offline job refuses nothing)."""
+
+def release_memory() -> None:
+    """Hand the memory of scorers no longer referenced back to the device, for another process
+    or a model loaded next."""
+    gc.collect()  # an engine's modules refer to each other
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def start_scorer(config: AppConfig, scheduler: SchedulerConfig | None = None,
+                 memory_share: float = 1.0) -> Scorer:
+    """`scheduler`: replaces config.scheduler (an offline job refuses nothing). `memory_share`:
+    the part of the GPU's free memory this scorer's batches may use (AppConfig.memory_share)."""
     head_from_labels = (rerank_label_ids(config.resolved_model_path(),
                                          config.rerank.resolved_prompt())
                         if config.rerank.classifier_from_labels else None)
@@ -33,7 +53,7 @@ def start_scorer(config: AppConfig, scheduler: SchedulerConfig | None = None) ->
                                 config.lora if config.adapters else None)
     adapters = _load_adapters(engine, config)
     budget = measure_budget(engine, config.scheduler.max_batch_tokens,
-                            config.limits.max_seq_tokens)
+                            config.limits.max_seq_tokens, memory_share)
     # Before ready: a new request shape must not wait on a compile (a new replica neither).
     warm_up(engine, budget.tokens, config.limits.max_seq_tokens)
     loop = Scheduler(engine, scheduler or config.scheduler, batch_token_budget=budget.tokens,

@@ -106,6 +106,11 @@ class QueueDepth:
     inflight_tokens: int
     inflight_sequences: int
 
+    @property
+    def empty(self) -> bool:
+        """Nothing accepted is unanswered."""
+        return self.queued_sequences == 0 and self.inflight_sequences == 0
+
 
 @dataclass(frozen=True, slots=True)
 class BatchRecord:

@@ -75,15 +75,20 @@ def _run(engine, batch: list[PackedSequence], **launch) -> None:
     engine.finish(engine.launch(batch, [PROBE_LABEL_IDS] * len(batch), **launch))
 
 
-def measure_budget(engine, max_batch_tokens: int, min_batch_tokens: int) -> BatchBudget:
+def measure_budget(engine, max_batch_tokens: int, min_batch_tokens: int,
+                   memory_share: float = 1.0) -> BatchBudget:
     """The batch budget of `engine` (gpu_worker/engine.py::Engine) and the probe's rate. On CPU:
     `max_batch_tokens`, no rate. On a GPU a multi-item probe batch measures activation memory
     per token:
 
-        budget = MEMORY_FRACTION * free_memory_after_weights / peak_bytes_per_token
+        budget = MEMORY_FRACTION * memory_share * free_memory_after_weights / peak_bytes_per_token
 
     capped by `max_batch_tokens` (the YAML's cap) when that is set (> 0); it must hold
-    `min_batch_tokens` (the longest sequence the ingress may send)."""
+    `min_batch_tokens` (the longest sequence the ingress may send). `memory_share`: this
+    engine's part where several share the replica (AppConfig.memory_share). Free memory counts
+    what the process's allocator holds cached, which is every engine's to reuse; a probe that
+    runs beside another engine's batches also sees their peak, so it measures high per token
+    and the budget comes out lower, never higher."""
     if engine.device.type != "cuda":
         return BatchBudget(max_batch_tokens, 0.0)
     batch = list(_multi_item_batch(PROBE_TOKENS, PROBE_TOKENS))
@@ -96,7 +101,8 @@ def measure_budget(engine, max_batch_tokens: int, min_batch_tokens: int) -> Batc
     _run(engine, batch, use_cache=False)
     capacity = PROBE_TOKENS / (time.perf_counter() - started)
     free, _ = torch.cuda.mem_get_info()
-    budget = int(MEMORY_FRACTION * (free + torch.cuda.memory_reserved() - base) / per_token)
+    budget = int(MEMORY_FRACTION * memory_share * (free + torch.cuda.memory_reserved() - base)
+                 / per_token)
     if max_batch_tokens > 0:
         budget = min(budget, max_batch_tokens)
     if budget < min_batch_tokens:

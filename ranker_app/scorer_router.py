@@ -21,6 +21,11 @@ the same way on the adapter's number, so each adapter has a home replica that lo
 keeps it in one of its slots, the replicas between them holding `lora.slots` × replicas
 adapters; under load the bound spills it to others, which load it too.
 
+Model affinity (the full models of `models`, loaded through Serve's model multiplexing): a job
+of one is ranked the same way on the model's name, with the replicas that hold it (or are
+loading it, as each replica tells Serve) ahead of the others in that order: a model has a home
+replica, keeps it when replicas come or go, and loads elsewhere only past the load bound.
+
 Runs inside each ingress replica (Serve calls it in the caller of the scorer's handle); set on
 the scorer deployment by ranker_app/app.py.
 """
@@ -52,29 +57,36 @@ def by_outstanding(outstanding: dict[str, int]) -> list[str]:
     return sorted(outstanding, key=lambda replica: (outstanding[replica], random.random()))
 
 
-def rank_for_key(key: str, outstanding: dict[str, int], tokens: int) -> list[str]:
+def rank_for_key(key: str, outstanding: dict[str, int], tokens: int,
+                 holders: frozenset[str] = frozenset()) -> list[str]:
     """Replica ids in the order to try for a job of `tokens` with prefix `key`: the first in hash
-    order within the load bound, then the others by outstanding tokens."""
+    order within the load bound, `holders` (of the job's model) before the others, then the
+    others by outstanding tokens."""
     mean = (sum(outstanding.values()) + tokens) / len(outstanding)  # with this job
     bound = max(SPILL_FACTOR * mean, mean + SPILL_SLACK_JOBS * tokens)
-    for replica in sorted(outstanding, key=lambda r: affinity(key, r), reverse=True):
+    for replica in sorted(outstanding, key=lambda r: (r in holders, affinity(key, r)),
+                          reverse=True):
         if outstanding[replica] + tokens <= bound:
             return [replica, *(r for r in by_outstanding(outstanding) if r != replica)]
     return by_outstanding(outstanding)
 
 
-def job_tokens(pending_request: PendingRequest | None) -> int:
-    job = pending_request.args[0] if pending_request is not None and pending_request.args else None
-    return sum(s.num_tokens for s in getattr(job, "sequences", ()))  # a ScoreJob
+def job_tokens(job) -> int:
+    return sum(s.num_tokens for s in getattr(job, "sequences", ()))
 
 
-def affinity_key(pending_request: PendingRequest | None) -> str | None:
-    """The job's prefix key, else its adapter's; None for a job of the model without one."""
-    if pending_request is None or not pending_request.args:
-        return None
-    job = pending_request.args[0]  # a ScoreJob
+def job_of(pending_request: PendingRequest | None):
+    """The ScoreJob of a call to the scorer's `score`, else None."""
+    return pending_request.args[0] if pending_request is not None and pending_request.args else None
+
+
+def affinity_key(job) -> str | None:
+    """The job's prefix key, else its adapter's or its model's; None for a job of model_path's
+    model without one."""
     if getattr(job, "prefix_key", None) is not None:
         return job.prefix_key
+    if getattr(job, "model", None) is not None:
+        return f"model {job.model}"
     adapter = getattr(job, "adapter", 0)
     return f"adapter {adapter}" if adapter else None
 
@@ -110,8 +122,11 @@ class ScorerRouter(RequestRouter):
         totals = self.outstanding()
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         outstanding = {unique_id: totals.get(r.replica_id, 0) for unique_id, r in by_id.items()}
-        tokens, key = job_tokens(pending_request), affinity_key(pending_request)
-        order = (rank_for_key(key, outstanding, tokens) if key is not None
+        job = job_of(pending_request)
+        tokens, key, model = job_tokens(job), affinity_key(job), getattr(job, "model", None)
+        holders = frozenset(unique_id for unique_id, r in by_id.items()
+                            if model is not None and model in r.multiplexed_model_ids)
+        order = (rank_for_key(key, outstanding, tokens, holders) if key is not None
                  else by_outstanding(outstanding))
         if pending_request is not None:  # counted at once: the next choice must see it
             self._charge(pending_request, by_id[order[0]].replica_id, tokens, sent=False)
@@ -120,7 +135,7 @@ class ScorerRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result) -> None:
         super().on_request_routed(pending_request, replica_id, result)
-        self._charge(pending_request, replica_id, job_tokens(pending_request), sent=True)
+        self._charge(pending_request, replica_id, job_tokens(job_of(pending_request)), sent=True)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)

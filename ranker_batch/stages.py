@@ -20,11 +20,15 @@ import pyarrow as pa
 
 from ranker_batch.rows import answer_columns, output_schema, request_body
 from ranker_contract.config import AppConfig
+from serve_app.metrics import RERANK_V1, SCORE
 from serve_app.protocol import ApiError
+from serve_app.validate import read_body
 
 
-def _route(path, kind: str):
-    return path.score if kind == "score" else path.rerank["1"]
+def _route(kind: str) -> str:
+    """The service's route a row of `kind` stands for. A row naming one of `models` is
+    refused (404): the job scores model_path's model and its adapters."""
+    return SCORE if kind == "score" else RERANK_V1
 
 
 class Prepare:
@@ -35,11 +39,12 @@ class Prepare:
         self.kind, self.id_column = kind, id_column
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        route = _route(self.path, self.kind)
+        route = _route(self.kind)
         prepared, errors = [], []
         for row in batch.to_pylist():
             try:
-                own, req, adapter = self.path.parse(route, request_body(self.kind, row))
+                body = read_body(request_body(self.kind, row), self.path.limits)
+                own, req, adapter = self.path.parse(route, body)
                 tokens = own.tokenize_now(req)
                 packed = self.path.pack(own, tokens, adapter)
             except ApiError as exc:
@@ -81,7 +86,7 @@ class Score:
         req, tokens, packed = pickle.loads(request)
         results = (await self.scorer.scheduler.run_job(packed.job(tokens))).results \
             if packed.sequences else []
-        route = self.path.route_for(_route(self.path, self.kind), packed.adapter)
+        route = self.path.route_for(_route(self.kind), packed.adapter)
         return answer_columns(self.kind, self.path.respond(route, req, tokens, packed, results))
 
     def __del__(self) -> None:

@@ -2,6 +2,8 @@
 
     AppConfig
     ├── model_path, served_model_name
+    ├── adapters, lora  LoRA adapters of the model, and how a replica holds them
+    ├── models, multiplex  other full models, and how many a replica holds besides the model
     ├── limits     Limits           what one request may be (ingress; max_seq_tokens: both sides)
     ├── engine     EngineConfig     how a scorer replica computes (device, dtype, kernels)
     ├── scheduler  SchedulerConfig  how a scorer replica batches and admits work
@@ -344,6 +346,27 @@ class LoraConfig(_Settings):
                           "slot's memory and compute are sized for it")
 
 
+class ModelEntry(_Settings):
+    """Another full model served beside `model_path`, chosen by a request's `model`: its own
+    tokenizer, head and rerank prompt, the app's `engine`, `scheduler` and `limits`
+    (docs/API.md, "Several rankers")."""
+
+    name: str = Field(min_length=1, description="what a request's `model` names it by")
+    path: str = Field(description="an HF model folder; relative paths start at the repository")
+    rerank: RerankConfig | None = Field(
+        None, description="its rerank prompt and chunking; none: the app's `rerank`")
+
+
+class MultiplexConfig(_Settings):
+    """How each scorer replica holds the full models of `models` (Ray Serve's model
+    multiplexing: docs/API.md, "Several rankers")."""
+
+    max_models_per_replica: int = Field(
+        1, ge=1, description="models of `models` one replica holds at once besides `model_path`: "
+        "one loads on its first request there, in place of the least recently used; each holds "
+        "its own share of the replica's GPU memory: 1 / (1 + this)")
+
+
 class AppConfig(_Settings):
     model_path: str = Field("models/smollm2-135m-instruct",
                             description="HF folder; relative paths start at the repository")
@@ -352,6 +375,10 @@ class AppConfig(_Settings):
         [], description="LoRA adapters of the model; a request's `model` picks one (none: the "
         "model itself)")
     lora: LoraConfig = LoraConfig()
+    models: list[ModelEntry] = Field(
+        [], description="other full models served beside model_path; a request's `model` picks "
+        "one, which a replica loads on first use")
+    multiplex: MultiplexConfig = MultiplexConfig()
     limits: Limits = Limits()
     engine: EngineConfig = EngineConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -367,10 +394,10 @@ class AppConfig(_Settings):
         if budget == 0 and self.engine.device != "cuda":
             raise ValueError("scheduler.max_batch_tokens = 0 (from free memory) needs "
                              "engine.device 'cuda'")
-        names = self.model_names
+        names = self.served_names
         if len(set(names)) < len(names):
-            raise ValueError(f"adapters: every name must differ from the others and from "
-                             f"served_model_name: {names}")
+            raise ValueError(f"adapters and models: every name must differ from the others "
+                             f"and from served_model_name: {names}")
         if self.rerank.classifier_from_labels and any(a.rerank for a in self.adapters):
             raise ValueError("adapters: a rerank prompt of an adapter's own needs "
                              "rerank.classifier_from_labels off (the head is the model's yes "
@@ -382,6 +409,25 @@ class AppConfig(_Settings):
         """What a request's `model` may name: the model, then each adapter (its number: the
         index here)."""
         return [self.served_model_name, *(a.name for a in self.adapters)]
+
+    @property
+    def served_names(self) -> list[str]:
+        """Every name a request's `model` may give: model_names, then each of `models`."""
+        return [*self.model_names, *(m.name for m in self.models)]
+
+    def multiplexed(self, name: str) -> AppConfig:
+        """The configuration one of `models` is served with: this one with its folder, name and
+        rerank prompt, without adapters or other models."""
+        entry = next(m for m in self.models if m.name == name)
+        return self.model_copy(update={
+            "model_path": str(from_repository(entry.path)), "served_model_name": entry.name,
+            "rerank": entry.rerank or self.rerank, "adapters": [], "models": []})
+
+    @property
+    def memory_share(self) -> float:
+        """The share of a replica's free GPU memory each engine's batches may use: all of it with
+        one model; with `models`, model_path's and each multiplexed one's equal shares."""
+        return 1.0 / (1 + self.multiplex.max_models_per_replica) if self.models else 1.0
 
     def resolved_adapter_paths(self) -> list[Path]:
         return [from_repository(a.path) for a in self.adapters]

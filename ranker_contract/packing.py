@@ -192,6 +192,9 @@ class ScoreJob:
     # same replica (ranker_app/scorer_router.py).
     prefix_key: str | None = None
     adapter: int = 0  # the LoRA adapter: its index in AppConfig.model_names; 0: the model itself
+    # One of AppConfig.models, by name: the scorer replica loads it if need be (Serve's model
+    # multiplexing); None: model_path's model (or its adapter).
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,16 @@ from ranker_contract.packing import ScoredJob, ScoreJob
 from serve_app.admission import Admission, ReplicaCounts
 from serve_app.auth import KEY_ID_SCOPE, NO_KEY, REFUSED_KEY, KeyStore, RequireApiKey, require_keys
 from serve_app.docs_page import add_offline_docs
-from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, NO_MODEL, ROUTES, IngressMetrics
+from serve_app.metrics import (
+    CANCELLED_STATUS,
+    CANCELLED_TYPE,
+    NO_MODEL,
+    RERANK_V1,
+    RERANK_V2,
+    ROUTES,
+    SCORE,
+    IngressMetrics,
+)
 from serve_app.protocol import (
     RERANK_EXAMPLE,
     ApiError,
@@ -31,8 +40,7 @@ from serve_app.protocol import (
     ScoreRequest,
     ScoreResponse,
 )
-from serve_app.requests import RequestPath
-from serve_app.routes import Route
+from serve_app.requests import ServedModels
 
 logger = logging.getLogger(__name__)
 
@@ -202,11 +210,11 @@ class _Seen:
 class ScoreIngress:
     def __init__(self, worker: DeploymentHandle, config: AppConfig) -> None:
         self.worker = worker
-        self.path = RequestPath(config)
+        self.models = ServedModels(config)
         self.model_name = config.served_model_name
         keys = KeyStore(config.auth) if config.auth.enabled else None  # bad keys: start fails
         self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,),
-                                      self.path.model_names)
+                                      self.models.names)
         if keys is not None:
             keys.on_reload = self.metrics.declare_keys
         require_keys(keys, self._refused)
@@ -217,27 +225,27 @@ class ScoreIngress:
     @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
               responses=_ERROR_RESPONSES)
     async def score(self, request: Request) -> JSONResponse:
-        return await self._observed("/v1/score", self.path.score, request)
+        return await self._observed(SCORE, request)
 
     @app.post("/v1/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
               responses=_ERROR_RESPONSES, summary="Rerank (Cohere v1 / Jina shape)")
     async def rerank_v1(self, request: Request) -> JSONResponse:
-        return await self._observed("/v1/rerank", self.path.rerank["1"], request)
+        return await self._observed(RERANK_V1, request)
 
     @app.post("/v2/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
               responses=_ERROR_RESPONSES, summary="Rerank (Cohere v2 shape)")
     async def rerank_v2(self, request: Request) -> JSONResponse:
-        return await self._observed("/v2/rerank", self.path.rerank["2"], request)
+        return await self._observed(RERANK_V2, request)
 
-    async def _observed(self, path: str, route: Route, request: Request) -> JSONResponse:
-        """Request, error and latency metrics around one route's pipeline, tagged with `path`."""
+    async def _observed(self, path: str, request: Request) -> JSONResponse:
+        """Request, error and latency metrics around the pipeline of route `path`."""
         started = time.perf_counter()
         status, error_type = 500, "InternalServerError"
         admitted = False
         seen = _Seen()
         try:
             admitted = self._admit()
-            response = await self._pipeline(route, request, started, seen)
+            response = await self._pipeline(path, request, started, seen)
             status, error_type = response.status_code, None
             return response
         except ApiError as exc:
@@ -268,21 +276,23 @@ class ScoreIngress:
         if path in ROUTES:
             self.metrics.answered(path, 401, 0.0, ApiError(401, "").kind, key=REFUSED_KEY)
 
-    async def _pipeline(self, route: Route, request: Request, started: float,
+    async def _pipeline(self, path: str, request: Request, started: float,
                         seen: _Seen) -> JSONResponse:
         """parse → tokenize → pack → await a scorer → merge → respond, each step timed; the
-        routes differ only in their own steps (serve_app/routes.py). `seen`: what the metrics
-        label the request with, filled in as it becomes known."""
-        route, req, adapter = self.path.parse(route, await request.body())
-        seen.model = self.path.model_names[adapter]
+        routes differ only in their own steps (serve_app/routes.py), the models in their
+        request paths (serve_app/requests.py). `seen`: what the metrics label the request with,
+        filled in as it becomes known."""
+        parsed_request = self.models.parse(path, await request.body())
+        model_path, route, req = parsed_request.path, parsed_request.route, parsed_request.request
+        seen.model = parsed_request.model
         parsed = time.perf_counter()
         tokens = await route.tokenize(req)
         tokenized = time.perf_counter()
-        packed_job = self.path.pack(route, tokens, adapter)
+        packed_job = model_path.pack(route, tokens, parsed_request.adapter)
         packed = time.perf_counter()
         job = await self._call_worker(packed_job.job(tokens))
         scored = time.perf_counter()
-        body = self.path.respond(route, req, tokens, packed_job, job.results)
+        body = model_path.respond(route, req, tokens, packed_job, job.results)
         seen.items = len(tokens.items)
         if tokens.from_text:
             self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
@@ -293,7 +303,7 @@ class ScoreIngress:
     async def models(self) -> dict:
         return {"object": "list",
                 "data": [{"id": name, "object": "model", "owned_by": "ranker"}
-                         for name in self.path.model_names]}
+                         for name in self.models.names]}
 
     @app.get("/health")
     async def health(self) -> dict:

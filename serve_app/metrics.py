@@ -20,7 +20,9 @@ LATENCY_BUCKETS_MS = [2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 
                       750, 1000, 2000, 5000, 10000, 30000, 60000, 120000]
 TOKENIZE_BUCKETS_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 500, 1000, 5000]
 
-ROUTES = ("/v1/score", "/v1/rerank", "/v2/rerank")  # the routes ScoreIngress._observed wraps
+# The routes by their HTTP paths: the metrics' `route` label, the request paths' keys.
+SCORE, RERANK_V1, RERANK_V2 = "/v1/score", "/v1/rerank", "/v2/rerank"
+ROUTES = (SCORE, RERANK_V1, RERANK_V2)  # the routes ScoreIngress._observed wraps
 # The caller went away before the answer: its timeout passed (Serve's proxy answers 408) or it
 # disconnected. The ingress only sees a cancellation and cannot tell which, so it counts both
 # as Serve's and the client's status for the timeout.

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from ranker_contract.config import AppConfig, RerankPromptChoice
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence, ScoreJob, merge_results, prefix_key
+from serve_app.metrics import RERANK_V1, RERANK_V2, SCORE
 from serve_app.protocol import ApiError
 from serve_app.rerank import RerankPrompter
 from serve_app.routes import RerankRoute, Route, ScoreRoute, Tokenized
 from serve_app.scoring import pack
 from serve_app.tokenizer import TextTokenizer
+from serve_app.validate import read_body
 
 
 @dataclass(slots=True)
@@ -25,9 +27,10 @@ class Packed:
     sequences: list[PackedSequence]
     key: bytes | None
     adapter: int = 0  # the LoRA adapter (its index in model_names); 0: the model itself
+    model: str | None = None  # one of `models` (ScoreJob.model)
 
     def job(self, tokens: Tokenized) -> ScoreJob:
-        return ScoreJob(self.sequences, tokens.label_ids, self.key, self.adapter)
+        return ScoreJob(self.sequences, tokens.label_ids, self.key, self.adapter, self.model)
 
     @property
     def tokens(self) -> int:
@@ -37,12 +40,15 @@ class Packed:
 class RequestPath:
     """The routes of one served model, as the configuration builds them."""
 
-    def __init__(self, config: AppConfig) -> None:
+    def __init__(self, config: AppConfig, multiplexed: bool = False) -> None:
+        """`multiplexed`: `config` is one of `models` (AppConfig.multiplexed)."""
         model_path = config.resolved_model_path()
         model = ModelConfig.from_folder(model_path)
         tokenizer = TextTokenizer(model_path)
         name = config.served_model_name
         self.model_names = config.model_names  # a request's `model`: index = adapter number
+        self.served_names = config.served_names  # every name the service answers to
+        self.multiplexed_name = name if multiplexed else None
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
         # Routing keys only for queries the scorers would cache (None: no cache, no key).
@@ -66,30 +72,40 @@ class RequestPath:
                     for version in ("1", "2")}
 
         self.rerank = rerank_routes(config.rerank)
-        # (adapter, the model's rerank route) -> the adapter's own, where it has a prompt
-        self._own_routes: dict[tuple[int, Route], Route] = {}
+        self.routes: dict[str, Route] = {SCORE: self.score, RERANK_V1: self.rerank["1"],
+                                         RERANK_V2: self.rerank["2"]}
+        # (adapter, route path) -> the adapter's own rerank route, where it has a prompt
+        self._own_routes: dict[tuple[int, str], Route] = {}
         for adapter, settings in enumerate(config.adapters, 1):
             if settings.rerank is not None:
-                for version, own in rerank_routes(settings.rerank).items():
-                    self._own_routes[(adapter, self.rerank[version])] = own
+                own = rerank_routes(settings.rerank)
+                self._own_routes[(adapter, RERANK_V1)] = own["1"]
+                self._own_routes[(adapter, RERANK_V2)] = own["2"]
 
-    def parse(self, route: Route, body: bytes):
-        """The request on the route its model serves it by: (route, request, adapter)."""
-        req = route.parse(body)
-        adapter = self.adapter_of(req.model)
+    def parse(self, route: str, body: dict):
+        """The request (`body`: serve_app/validate.py::read_body) on the route its model serves
+        `route` (an HTTP path) by: (route, request, adapter)."""
+        model = body.get("model")
+        adapter = self.adapter_of(model if isinstance(model, str) else None)  # else: a 400
         own = self.route_for(route, adapter)
-        return (own, own.parse(body), adapter) if own is not route else (route, req, adapter)
+        return own, own.parse(body), adapter
 
-    def route_for(self, route: Route, adapter: int) -> Route:
-        """An adapter's own rerank route where it has its own prompt, else `route`."""
-        return self._own_routes.get((adapter, route), route)
+    def route_for(self, route: str, adapter: int) -> Route:
+        """The route at HTTP path `route`: an adapter's own rerank route where it has its own
+        prompt."""
+        return self._own_routes.get((adapter, route), self.routes[route])
 
     def adapter_of(self, model: str | None) -> int:
         """The adapter a request's `model` names (0: the model itself, also when `model`
-        is absent). With adapters configured an unknown name is a 404 naming it; with none,
-        any name is the one model, as clients hard-code their provider's model names."""
-        if model is None or len(self.model_names) == 1:
+        is absent). With adapters or other models configured an unknown name is a 404 naming
+        it; with none, any name is the one model, as clients hard-code their provider's model
+        names."""
+        if model is None or len(self.served_names) == 1:
             return 0
+        if model in self.served_names and model not in self.model_names:  # (ServedModels')
+            raise ApiError(404, f"model {model!r} is one of `models`, which the service "
+                           "loads; an offline job scores model_path's model and its adapters",
+                           "model")
         if model not in self.model_names:
             raise ApiError(404, f"model {model!r} is not served here; GET /v1/models lists "
                            "the names", "model")
@@ -104,10 +120,44 @@ class RequestPath:
         key = prefix_key(sequences, *self.cacheable) if self.cacheable else None
         if key is not None and adapter:
             key = f"{key} adapter {adapter}"
-        return Packed(sequences, key, adapter)
+        return Packed(sequences, key, adapter, self.multiplexed_name)
 
     def respond(self, route: Route, req, tokens: Tokenized, packed: Packed,
                 results: list[list[list[float]]]) -> dict:
         """The response body from the scorer's results, per sequence (items × labels)."""
         logprobs = merge_results(packed.sequences, results, len(tokens.items))
         return route.respond(req, tokens, logprobs, packed.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A request checked by the route of the model it names."""
+
+    path: RequestPath  # its model's
+    route: Route
+    request: object  # what route.parse made of the body
+    adapter: int
+
+    @property
+    def model(self) -> str:
+        return self.path.model_names[self.adapter]
+
+
+class ServedModels:
+    """The request path of every model the service answers to: model_path's, with its adapters,
+    and one per model of `models`; a request's `model` picks one."""
+
+    def __init__(self, config: AppConfig) -> None:
+        self.main = RequestPath(config)
+        self.multiplexed = {m.name: RequestPath(config.multiplexed(m.name), multiplexed=True)
+                            for m in config.models}
+        self.names = config.served_names
+        self.limits = config.limits
+
+    def parse(self, route: str, body: bytes) -> Parsed:
+        """The body of a request to HTTP path `route`; every malformed input is a 4xx naming
+        the field, an unknown `model` a 404 naming it."""
+        data = read_body(body, self.limits)
+        model = data.get("model")
+        path = self.multiplexed.get(model, self.main) if isinstance(model, str) else self.main
+        return Parsed(path, *path.parse(route, data))

@@ -23,7 +23,7 @@ from serve_app.rerank import (
 )
 from serve_app.scoring import to_scores, tokenize
 from serve_app.tokenizer import TextTokenizer
-from serve_app.validate import ParsedRequest, check_request, parse_body
+from serve_app.validate import ParsedRequest, as_schema, check_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +51,12 @@ class ScoreRoute:
         self.limits, self.vocab_size, self.num_labels = limits, vocab_size, num_labels
         self.tokenizer, self.model_name = tokenizer, model_name
 
-    def parse(self, body: bytes) -> ParsedRequest:
-        # NOTE: the body is parsed by hand so that every malformed input becomes a 4xx with
-        # the field named, instead of FastAPI's 422 list.
-        return check_request(parse_body(body, self.limits), self.limits, self.vocab_size,
-                             self.num_labels)
+    def parse(self, body: dict) -> ParsedRequest:
+        """`body`: the JSON object (serve_app/validate.py::read_body).
+
+        NOTE: the body is checked by hand so that every malformed input becomes a 4xx with the
+        field named, instead of FastAPI's 422 list."""
+        return check_request(as_schema(body), self.limits, self.vocab_size, self.num_labels)
 
     async def tokenize(self, req: ParsedRequest) -> Tokenized:
         if req.is_text:
@@ -98,9 +99,8 @@ class RerankRoute:
         else:  # None with more than two classes: parse() refuses every request
             self.label_ids, self.relevance = rerank_classes(num_labels), classifier_relevance
 
-    def parse(self, body: bytes) -> RerankInput:
-        req = check_rerank(parse_body(body, self.limits, RerankRequest), self.limits,
-                           self.default_instruction)
+    def parse(self, body: dict) -> RerankInput:
+        req = check_rerank(as_schema(body, RerankRequest), self.limits, self.default_instruction)
         if self.label_ids is None:
             raise ApiError(400, f"this model is a classifier of {self.num_labels} classes: a "
                            "rerank relevance needs one class (its sigmoid) or two (class 1's "

@@ -35,8 +35,8 @@ _UNION_MESSAGES = {
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse_body(body: bytes, limits: Limits, schema: type[M] = ScoreRequest) -> M:
-    """The body as `schema`; every malformed input is a 4xx naming the field."""
+def read_body(body: bytes, limits: Limits) -> dict:
+    """The body as a JSON object; every malformed input is a 4xx."""
     if len(body) > limits.max_body_bytes:
         raise ApiError(413, f"request body is larger than {limits.max_body_bytes} bytes", "body")
     try:
@@ -45,6 +45,11 @@ def parse_body(body: bytes, limits: Limits, schema: type[M] = ScoreRequest) -> M
         raise ApiError(400, f"request body is not valid JSON: {exc}", "body") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", "body")
+    return data
+
+
+def as_schema(data: dict, schema: type[M] = ScoreRequest) -> M:
+    """A body (read_body) as `schema`; a field that does not fit is a 400 naming it."""
     try:
         return schema.model_validate(data)
     except ValidationError as exc:

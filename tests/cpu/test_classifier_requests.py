@@ -4,7 +4,6 @@ class logits to scores and relevances. Expected values are written out by hand."
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -28,7 +27,7 @@ def _score_route(tokenizer, num_labels):
 
 
 def _parse(route, **body):
-    return route.parse(json.dumps({"query": [1, 2], "items": [[3]], **body}).encode())
+    return route.parse({"query": [1, 2], "items": [[3]], **body})
 
 
 def _refusal(route, **body) -> ApiError:
@@ -100,7 +99,7 @@ def _rerank_route(tokenizer, num_labels):
 
 
 def _relevances(route, rows):
-    req = route.parse(json.dumps({"query": "q", "documents": ["a"] * len(rows)}).encode())
+    req = route.parse({"query": "q", "documents": ["a"] * len(rows)})
     out = route.respond(req, Tokenized([], [], route.label_ids, True), rows, 7)
     return [r["relevance_score"] for r in sorted(out["results"], key=lambda r: r["index"])]
 
@@ -119,7 +118,7 @@ def test_rerank_relevance_of_two_classes_is_class_1s_probability(tokenizer):
 
 def test_rerank_on_more_than_two_classes_is_a_400_pointing_at_score(tokenizer):
     with pytest.raises(ApiError) as exc:
-        _rerank_route(tokenizer, 3).parse(b'{"query": "q", "documents": ["a"]}')
+        _rerank_route(tokenizer, 3).parse({"query": "q", "documents": ["a"]})
     assert exc.value.status == 400 and "/v1/score" in exc.value.message
 
 

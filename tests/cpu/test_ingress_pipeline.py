@@ -72,9 +72,7 @@ SERVED = AppConfig().served_model_name  # no `model` in a request: the model its
 
 def _post(ingress, path: str, body: dict):
     ingress.worker, ingress.metrics = _Scorer(), _Metrics()
-    route = {"/v1/score": ingress.path.score, "/v1/rerank": ingress.path.rerank["1"],
-             "/v2/rerank": ingress.path.rerank["2"]}[path]
-    return asyncio.run(ingress._observed(path, route, _Request(body)))
+    return asyncio.run(ingress._observed(path, _Request(body)))
 
 
 def _timing_parts(response) -> list[str]:
@@ -100,7 +98,7 @@ def test_rerank_of_text(ingress, path, version):
     body = json.loads(response.body)
     assert body["results"] == [{"index": 0, "relevance_score": 1 / (1 + math.exp(-1.0))}]
     assert body["meta"]["api_version"] == {"version": version}
-    assert ingress.worker.jobs[0].label_ids == ingress.path.rerank[version].prompter.label_ids
+    assert ingress.worker.jobs[0].label_ids == ingress.models.main.rerank[version].prompter.label_ids
     assert _timing_parts(response) == TIMING_PARTS
     assert ingress.metrics.answered_as == [(path, 200, None, SERVED, 2)]
     assert len(ingress.metrics.tokenized) == 1

@@ -13,7 +13,6 @@ qwen3 and yes_no templates.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import shutil
 from pathlib import Path
@@ -154,7 +153,7 @@ def _chunking(default_model_path, window, overlap=0, limits=None):
 
 
 def _request(route, **body):
-    return route.parse(json.dumps({"query": "q"} | body).encode())
+    return route.parse({"query": "q"} | body)
 
 
 @pytest.mark.parametrize("overlap", [0, 7, 10_000])

@@ -63,6 +63,7 @@ def test_health_check_fails_once_the_loop_thread_died():
     # SystemExit passes the per-batch error handling: it kills the loop thread, as a bug would.
     dying = FakeEngine(poisoned=(sequence,), error=SystemExit("loop thread killed"))
     worker.scheduler = Scheduler(dying, LIMITED, batch_token_budget=BUDGET)
+    worker.multiplexed = {}  # no other models loaded
     worker.scheduler.start()
     worker.check_health()  # alive and idle
     worker.scheduler.submit(ScoreTask(sequence, LABELS, lambda _: None))

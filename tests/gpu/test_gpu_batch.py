@@ -62,8 +62,6 @@ def batch_results(config):
 @pytest.mark.parametrize("kind", ["ids", "text", "rerank"])
 def test_each_row_equals_the_request_path_on_the_shipped_engine(config, batch_results,
                                                                 fast_engine, kind):
-    import json
-
     from serve_app.requests import RequestPath
 
     path = RequestPath(config)
@@ -72,7 +70,7 @@ def test_each_row_equals_the_request_path_on_the_shipped_engine(config, batch_re
     worst = 0.0
     for row in rows(kind):
         body = {k: v for k, v in row.items() if k != "id"}
-        req = route.parse(json.dumps(body).encode())
+        req = route.parse(body)
         tokens = route.tokenize_now(req)
         packed = path.pack(route, tokens)
         results = run_batch(fast_engine, packed.sequences, tokens.label_ids)

@@ -7,7 +7,7 @@ import logging
 
 from ray.serve import Application
 
-from ranker_contract.config import AppConfig
+from ranker_contract.config import AppConfig, from_repository
 from ranker_contract.model_config import ModelFolderError
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,11 @@ def build_app(args: AppConfig) -> Application:
             f"model folder {model_path} is missing or has no config.json; "
             f"to create the default model run: {PREPARE_COMMAND}"
         )
+    for k, entry in enumerate(args.models):  # here, not on a first request to it
+        if not (from_repository(entry.path) / "config.json").is_file():
+            raise ModelFolderError(f"models[{k}] ({entry.name}): model folder "
+                                   f"{from_repository(entry.path)} is missing or has no "
+                                   "config.json")
     if args.auth.enabled:  # fail here, naming the setting, not later in every replica
         from serve_app.auth import load_keys
         load_keys(args.auth)

@@ -23,8 +23,9 @@ adapters; under load the bound spills it to others, which load it too.
 
 Model affinity (the full models of `models`, loaded through Serve's model multiplexing): a job
 of one is ranked the same way on the model's name, with the replicas that hold it (or are
-loading it, as each replica tells Serve) ahead of the others in that order: a model has a home
-replica, keeps it when replicas come or go, and loads elsewhere only past the load bound.
+loading it, as each replica tells Serve) ahead of the others in that order, and of those the
+ones holding fewer models first: a model has a home replica, keeps it when replicas come or go,
+loads where it displaces least, and elsewhere too only past the load bound.
 
 Runs inside each ingress replica (Serve calls it in the caller of the scorer's handle); set on
 the scorer deployment by ranker_app/app.py.
@@ -58,14 +59,20 @@ def by_outstanding(outstanding: dict[str, int]) -> list[str]:
 
 
 def rank_for_key(key: str, outstanding: dict[str, int], tokens: int,
-                 holders: frozenset[str] = frozenset()) -> list[str]:
-    """Replica ids in the order to try for a job of `tokens` with prefix `key`: the first in hash
-    order within the load bound, `holders` (of the job's model) before the others, then the
-    others by outstanding tokens."""
+                 models: dict[str, frozenset[str]] | None = None,
+                 model: str | None = None) -> list[str]:
+    """Replica ids in the order to try for a job of `tokens` with prefix `key`: the first within
+    the load bound in hash order, then the others by outstanding tokens. A job of `model` (one
+    of `models`) ranks by `models` (replica id -> the models it holds) first: the replicas
+    holding it, then those holding fewer models."""
     mean = (sum(outstanding.values()) + tokens) / len(outstanding)  # with this job
     bound = max(SPILL_FACTOR * mean, mean + SPILL_SLACK_JOBS * tokens)
-    for replica in sorted(outstanding, key=lambda r: (r in holders, affinity(key, r)),
-                          reverse=True):
+
+    def order(replica: str):
+        held = models.get(replica, frozenset()) if models and model else frozenset()
+        return model in held, -len(held), affinity(key, replica)
+
+    for replica in sorted(outstanding, key=order, reverse=True):
         if outstanding[replica] + tokens <= bound:
             return [replica, *(r for r in by_outstanding(outstanding) if r != replica)]
     return by_outstanding(outstanding)
@@ -124,9 +131,9 @@ class ScorerRouter(RequestRouter):
         outstanding = {unique_id: totals.get(r.replica_id, 0) for unique_id, r in by_id.items()}
         job = job_of(pending_request)
         tokens, key, model = job_tokens(job), affinity_key(job), getattr(job, "model", None)
-        holders = frozenset(unique_id for unique_id, r in by_id.items()
-                            if model is not None and model in r.multiplexed_model_ids)
-        order = (rank_for_key(key, outstanding, tokens, holders) if key is not None
+        models = ({unique_id: frozenset(r.multiplexed_model_ids) for unique_id, r in by_id.items()}
+                  if model is not None else None)
+        order = (rank_for_key(key, outstanding, tokens, models, model) if key is not None
                  else by_outstanding(outstanding))
         if pending_request is not None:  # counted at once: the next choice must see it
             self._charge(pending_request, by_id[order[0]].replica_id, tokens, sent=False)

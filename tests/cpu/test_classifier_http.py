@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import tools.service as tooling
-from ranker_contract.config import RerankConfig
 from tests.support.adapters import write_classifier_adapter
+from tests.support.classifiers import hf_logits, reference_relevance
 from tools.random_model import default_model_tokenizer, qwen3_tokenizer
 
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
@@ -54,11 +54,6 @@ def svc(request, tiny_classifier, tmp_path_factory):
                    merged=merged)
 
 
-def _hf_logits(hf, ids: list[int]) -> list[float]:
-    with torch.inference_mode():
-        return hf(torch.tensor([ids])).logits[0].float().tolist()
-
-
 def _post(client, route, body, status=200):
     r = client.post(route, json=body)
     assert r.status_code == status, r.text
@@ -70,7 +65,7 @@ def test_score_returns_each_items_class_logits_as_hf_on_query_plus_item(svc):
     out = _post(svc["client"], "/v1/score", {"query": query, "items": items})
     assert len(out["scores"]) == len(items)
     for k, (row, item) in enumerate(zip(out["scores"], items)):
-        ref = _hf_logits(svc["hf"], query + item)
+        ref = hf_logits(svc["hf"], query + item)
         assert len(row) == svc["classes"]
         assert max(abs(a - b) for a, b in zip(row, ref)) <= TOL, f"item {k}"
     for k, item in enumerate(items):  # multi-item == one item at a time
@@ -86,7 +81,7 @@ def test_an_adapter_with_its_own_head_scores_as_hf_on_its_merged_model(svc):
         out = _post(svc["client"], "/v1/score", {"query": query, "items": items,
                                                  "model": adapter})
         for k, (row, item) in enumerate(zip(out["scores"], items, strict=True)):
-            ref = _hf_logits(merged, query + item)
+            ref = hf_logits(merged, query + item)
             assert max(abs(a - b) for a, b in zip(row, ref, strict=True)) <= TOL, (adapter, k)
     base = _post(svc["client"], "/v1/score", {"query": query, "items": items})["scores"]
     own = _post(svc["client"], "/v1/score", {"query": query, "items": items,
@@ -98,7 +93,7 @@ def test_score_sigmoid_softmax_and_class_order(svc):
     client, hf = svc["client"], svc["hf"]
     ids = svc["tokenizer"]("Is the sky blue?")["input_ids"]
     item = svc["tokenizer"](" Yes, it is.", add_special_tokens=False)["input_ids"]
-    ref = _hf_logits(hf, ids + item)
+    ref = hf_logits(hf, ids + item)
     body = {"query": "Is the sky blue?", "items": [" Yes, it is."]}
     raw = _post(client, "/v1/score", body)["scores"][0]
     assert raw == pytest.approx(ref, abs=TOL)  # text tokenized as transformers does
@@ -125,17 +120,6 @@ def test_requests_that_do_not_fit_a_classifier_are_400s_naming_the_field(svc, bo
     assert out["error"]["param"] == param
 
 
-def _reference_relevance(svc, document: str) -> float:
-    prompt = RerankConfig(template=svc["template"]).resolved_prompt()
-    text = (prompt.prefix.replace("{instruction}", prompt.default_instruction)
-            .replace("{query}", QUERY) + prompt.document.replace("{document}", document)
-            + prompt.suffix)
-    logits = _hf_logits(svc["hf"], svc["tokenizer"](text)["input_ids"])
-    if len(logits) == 1:
-        return 1 / (1 + math.exp(-logits[0]))
-    return math.exp(logits[1]) / (math.exp(logits[0]) + math.exp(logits[1]))  # class 1
-
-
 @pytest.mark.parametrize("route", ["/v1/rerank", "/v2/rerank"])
 def test_rerank_relevance_is_the_heads_probability_on_each_full_prompt(svc, route):
     out = _post(svc["client"], route, {"query": QUERY, "documents": DOCS})
@@ -144,5 +128,6 @@ def test_rerank_relevance_is_the_heads_probability_on_each_full_prompt(svc, rout
     scores = [r["relevance_score"] for r in results]
     assert scores == sorted(scores, reverse=True)
     for r in results:
-        ref = _reference_relevance(svc, DOCS[r["index"]])
+        ref = reference_relevance(svc["hf"], svc["tokenizer"], svc["template"], QUERY,
+                                  DOCS[r["index"]])
         assert math.isclose(r["relevance_score"], ref, abs_tol=TOL), f"document {r['index']}"

@@ -2,6 +2,7 @@
 ingress never imports torch, and neither side imports the other."""
 
 import ast
+import json
 import subprocess
 import sys
 from graphlib import CycleError, TopologicalSorter
@@ -334,3 +335,59 @@ def test_a_requests_model_picks_its_adapter_slot_and_an_unknown_one_is_a_404():
     fp8 = {"adapters": [{"name": "a", "path": "x"}], "engine": {"device": "cuda",
                                                                 "precision": "fp8"}}
     assert RequestPath(AppConfig.model_validate(fp8)).adapter_of("a") == 1  # an FP8 base too
+
+
+def test_models_beside_the_model_have_their_own_names_folders_and_memory_share(tmp_path):
+    with pytest.raises(ValidationError, match="every name"):
+        AppConfig.model_validate({"adapters": [{"name": "a", "path": "x"}],
+                                  "models": [{"name": "a", "path": "y"}]})
+    config = AppConfig.model_validate({
+        "models": [{"name": "b", "path": "models/b"},
+                   {"name": "c", "path": str(tmp_path), "rerank": {"template": "qwen3"}}],
+        "adapters": [{"name": "a", "path": "x"}], "multiplex": {"max_models_per_replica": 3}})
+    assert config.served_names == ["smollm2-135m-instruct", "a", "b", "c"]
+    assert config.memory_share == 0.25 and AppConfig().memory_share == 1.0
+    b, c = config.multiplexed("b"), config.multiplexed("c")
+    assert (b.served_model_name, b.adapters, b.models) == ("b", [], [])
+    assert b.resolved_model_path() == REPO / "models" / "b"  # relative: from the repository
+    assert b.rerank == config.rerank and c.rerank.template == "qwen3"
+    assert c.resolved_model_path() == tmp_path and c.engine == config.engine
+    with pytest.raises(ModelFolderError, match=r"models\[0\] \(b\)"):
+        build_app(config)
+
+
+def test_a_requests_model_picks_the_request_path_of_its_model(default_model_path,
+                                                              tiny_classifier):
+    """Each model's body is checked by its own route (its vocabulary, its classes), and its
+    job names it for the scorer; the model's own requests and its adapters' do not."""
+    from serve_app.protocol import ApiError
+    from serve_app.requests import RequestPath, ServedModels
+    from tools.random_model import default_model_tokenizer
+
+    classifier = tiny_classifier("llama_2class", 49152, default_model_tokenizer())
+    config = AppConfig.model_validate({
+        "model_path": str(default_model_path), "adapters": [{"name": "a", "path": "x"}],
+        "models": [{"name": "cls", "path": str(classifier)}]})
+    served = ServedModels(config)
+
+    def parse(body: dict, route: str = "/v1/score"):
+        body = {"query": [1, 2], "items": [[3]], "label_token_ids": [1]} | body  # 1: both
+        return served.parse(route, json.dumps(body).encode())
+
+    for model, path, adapter in ((None, served.main, 0), ("a", served.main, 1),
+                                 ("cls", served.multiplexed["cls"], 0)):
+        parsed = parse({"model": model} if model else {})
+        assert (parsed.path, parsed.adapter) == (path, adapter)
+        assert parsed.model == (model or config.served_model_name)
+        tokens = parsed.route.tokenize_now(parsed.request)
+        job = parsed.path.pack(parsed.route, tokens, parsed.adapter).job(tokens)
+        assert (job.adapter, job.model) == (adapter, "cls" if model == "cls" else None)
+    assert parse({"label_token_ids": [500]}).request.label_ids == [500]  # a token of the LM
+    with pytest.raises(ApiError) as exc:  # but not a class of the classifier
+        parse({"label_token_ids": [500], "model": "cls"})
+    assert (exc.value.status, exc.value.param) == (400, "label_token_ids[0]")
+    with pytest.raises(ApiError) as exc:
+        parse({"model": "nobody"})
+    assert (exc.value.status, exc.value.param) == (404, "model")
+    with pytest.raises(ApiError, match="offline job"):  # the batch job's path: the model's own
+        RequestPath(config).parse("/v1/score", {"model": "cls"})

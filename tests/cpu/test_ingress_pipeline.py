@@ -98,7 +98,8 @@ def test_rerank_of_text(ingress, path, version):
     body = json.loads(response.body)
     assert body["results"] == [{"index": 0, "relevance_score": 1 / (1 + math.exp(-1.0))}]
     assert body["meta"]["api_version"] == {"version": version}
-    assert ingress.worker.jobs[0].label_ids == ingress.models.main.rerank[version].prompter.label_ids
+    prompter = ingress.models.main.rerank[version].prompter
+    assert ingress.worker.jobs[0].label_ids == prompter.label_ids
     assert _timing_parts(response) == TIMING_PARTS
     assert ingress.metrics.answered_as == [(path, 200, None, SERVED, 2)]
     assert len(ingress.metrics.tokenized) == 1

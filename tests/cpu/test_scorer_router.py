@@ -19,13 +19,16 @@ DEPLOYMENT = DeploymentID(name="ScoreWorker", app_name="score")
 _ids = itertools.count()
 
 
-def replicas(*names: str) -> list[SimpleNamespace]:
-    return [SimpleNamespace(replica_id=ReplicaID(unique_id=n, deployment_id=DEPLOYMENT))
+def replicas(*names: str, models: dict[str, set[str]] | None = None) -> list[SimpleNamespace]:
+    """`models`: replica name -> the models of `models` it tells Serve it holds."""
+    return [SimpleNamespace(replica_id=ReplicaID(unique_id=n, deployment_id=DEPLOYMENT),
+                            multiplexed_model_ids=(models or {}).get(n, set()))
             for n in names]
 
 
-def pending(key: str | None, tokens: int = 100, adapter: int = 0) -> SimpleNamespace:
-    job = ScoreJob([pack_plain(list(range(tokens)), 0)], [1], key, adapter)
+def pending(key: str | None, tokens: int = 100, adapter: int = 0,
+            model: str | None = None) -> SimpleNamespace:
+    job = ScoreJob([pack_plain(list(range(tokens)), 0)], [1], key, adapter, model)
     return SimpleNamespace(args=[job], routing_context=SimpleNamespace(should_backoff=False),
                            metadata=SimpleNamespace(internal_request_id=f"r{next(_ids)}"))
 
@@ -164,3 +167,26 @@ def test_an_adapters_jobs_go_to_its_home_replica_from_every_router_and_adapters_
     router = new_router()
     chosen = {send(router, candidates, pending(None)) for _ in range(4)}
     assert len(chosen) == 2  # the model's own jobs: by outstanding tokens, both replicas
+
+
+def test_a_models_jobs_go_to_a_replica_holding_it_else_to_one_holding_fewer_models():
+    """A job of one of `models`: first the replicas that hold it, then the ones that hold
+    fewer models, so that a model loads where it displaces none; from every router alike."""
+    def home(model: str, candidates, router=None) -> str:
+        chosen = send(router or new_router(), candidates, pending(None, model=model))
+        return chosen.unique_id
+
+    for held_by in ("a", "b"):  # whichever replica its hash favours
+        candidates = replicas("a", "b", models={held_by: {"m1"}})
+        for k in range(20):
+            assert home("m1", candidates) == held_by
+            assert home(f"new{k}", candidates) != held_by  # the one holding none
+            assert home(f"new{k}", candidates[::-1]) != held_by
+    both = replicas("a", "b", models={"a": {"m1"}, "b": {"m2"}})
+    homes = {home(f"m{k}", both) for k in range(3, 40)}  # neither holds it: by hash
+    assert homes == {"a", "b"}
+    for k in range(3, 40):
+        assert home(f"m{k}", both) == home(f"m{k}", both[::-1])
+    router = new_router()  # a busy holder spills past the load bound
+    spilled = Counter(home("m1", both, router) for _ in range(20))  # none completes
+    assert spilled["a"] > spilled["b"] > 0

@@ -129,7 +129,11 @@ def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAtte
             run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
+        # thread_local: another engine of the process (a model loading beside this one, or this
+        # one loading beside another's running batches) may sync or allocate in its own thread
+        # meanwhile; the default, global, would fail those calls.
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=pool,
+                                                      capture_error_mode="thread_local"):
             run()
         return graph
 

@@ -43,8 +43,8 @@ def test_a_model_loads_beside_another_models_batches(qwen3_path):
         "models": [ModelEntry(name="second", path=str(qwen3_path))]})
     assert app.engine.cuda_graphs.enabled  # the load captures graphs while the other replays
     rng = random.Random(0)
-    sequence = pack_request(ids(rng, 120), [ids(rng, 180) for _ in range(4)], delimiter_id=0,
-                            max_seq_tokens=4096, max_context=32768)[0]
+    sequence = pack_request(ids(rng, 120), [ids(rng, 180) for _ in range(4)], item_first=False,
+                            delimiter_id=0, max_seq_tokens=4096, max_context=32768)[0]
     first = start_scorer(app, memory_share=app.memory_share)
     try:
         reference = _score(first.scheduler, sequence)

@@ -2,7 +2,7 @@
 scorer replica loads one on its first request (gpu_worker/deployment.py): its own engine, budget
 share, CUDA graphs and warm-up, built in another thread while the first model's loop keeps
 answering. Nothing of the first model fails or changes meanwhile; the second scores as the
-first on the same weights; unloading it gives its memory back."""
+first on the same weights; unloading it gives its memory back, load after load."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tools.configs import shipped_app_config
 
 # Graph replay of one bucket on the same weights: the same kernels, so the same scores.
 SAME_GRAPH = 1e-6
+LOADS = 3  # load-unload cycles of the second model
 
 
 def _score(scheduler, sequence) -> list:
@@ -72,12 +73,16 @@ def test_a_model_loads_beside_another_models_batches(qwen3_path):
         assert max(worst_difference([a], [reference])[0] for a in answers) <= SAME_GRAPH
         second_answer = _score(second.scheduler, sequence)
         assert worst_difference([second_answer], [reference])[0] <= SAME_GRAPH
-        second.stop(drain_s=60)
+        loaded, after = [second], []
         del second
-        release_memory()
-        freed_to = torch.cuda.memory_allocated()
-        print(f"allocated: {before_load / 2**20:.0f} MiB before the load, "
-              f"{freed_to / 2**20:.0f} MiB after the unload")
-        assert freed_to <= before_load + 64 * 2**20
+        for cycle in range(LOADS):  # unloaded, and loaded again: nothing kept per load
+            loaded.pop().stop(drain_s=60)
+            release_memory()
+            after.append(torch.cuda.memory_allocated())
+            if cycle + 1 < LOADS:
+                loaded.append(start_scorer(app.multiplexed("second"), None, app.memory_share))
+        print(f"allocated: {before_load / 2**20:.0f} MiB before the first load, after each "
+              f"unload {[round(a / 2**20) for a in after]} MiB")
+        assert max(after) <= before_load + 64 * 2**20
     finally:
         first.stop(drain_s=0)

@@ -36,15 +36,15 @@ class MultiplexedModel:
     """One of `models` loaded on this replica. Serve's multiplexer keeps it, least recently used
     first, and calls __del__ when it unloads it; the GC may call it again after that."""
 
-    def __init__(self, scorer: Scorer, forget: Callable[[], None]) -> None:
+    def __init__(self, scorer: Scorer, forget: Callable[[Scorer], None]) -> None:
         self.scorer: Scorer | None = scorer
-        self._forget = forget  # the replica stops counting its queue
+        self._forget = forget  # the replica publishes its last batches and stops counting it
 
     def __del__(self) -> None:
         scorer, self.scorer = getattr(self, "scorer", None), None
         if scorer is not None:
             scorer.stop(drain_s=UNLOAD_DRAIN_S)
-            self._forget()
+            self._forget(scorer)
             del scorer
             release_memory()
 
@@ -64,7 +64,7 @@ class ScoreWorker:
                     self._load_model_of(config))
         cache = scorer.engine.prefix_cache
         self.metrics = WorkerMetrics(self.scheduler, cache.stats if cache else None,
-                                     config.model_names)
+                                     config.model_names, lambda: self._schedulers()[1:])
         # refused and computed tokens at the last stats report, and when it was
         self._last_report = (0, 0, time.monotonic())
         logger.info("ScoreWorker ready: %s", config)
@@ -74,11 +74,15 @@ class ScoreWorker:
             # In a thread: the replica goes on taking and answering requests meanwhile.
             scorer = await asyncio.to_thread(start_scorer, config.multiplexed(name), None,
                                              config.memory_share)
-            model = MultiplexedModel(scorer, lambda: self.multiplexed.pop(name, None))
+            model = MultiplexedModel(scorer, lambda stopped: self._forget(name, stopped))
             self.multiplexed[name] = model
             return model
 
         return load
+
+    def _forget(self, name: str, scorer: Scorer) -> None:
+        self.metrics.publish_batches(scorer.scheduler)
+        self.multiplexed.pop(name, None)
 
     async def score(self, job: ScoreJob) -> ScoredJob | ScorerOverloaded:
         """Per sequence, items × label log-probs (and where the job's time went); or the

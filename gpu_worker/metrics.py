@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
@@ -42,9 +43,13 @@ def batch_error_type(name: str) -> str:
 
 class WorkerMetrics:
     def __init__(self, scheduler: Scheduler, cache: PrefixCacheStats | None,
-                 model_names: list[str]) -> None:
-        """`model_names`: what requests name the model (first) and its adapters by."""
+                 model_names: list[str],
+                 others: Callable[[], list[Scheduler]] = lambda: []) -> None:
+        """`model_names`: what requests name the model (first) and its adapters by. `others`:
+        the loops of the other models loaded now (`models`), whose queues and batches count
+        with `scheduler`'s; the prefix cache and adapters are `scheduler`'s engine's."""
         self.scheduler = scheduler
+        self.others = others
         self.cache = cache  # None: no prefix cache, its series stay at 0
         self.adapter_names = model_names[1:]  # adapter k is adapter_names[k - 1]
         self.queue_tokens = Gauge("ranker_queue_tokens", "Tokens waiting (queued) or running "
@@ -105,22 +110,17 @@ class WorkerMetrics:
             self.publish()
 
     def publish(self) -> None:
-        depth = self.scheduler.depth()
-        self.queue_tokens.set(depth.queued_tokens, tags={"state": "queued"})
-        self.queue_tokens.set(depth.inflight_tokens, tags={"state": "inflight"})
-        self.queue_sequences.set(depth.queued_sequences, tags={"state": "queued"})
-        self.queue_sequences.set(depth.inflight_sequences, tags={"state": "inflight"})
-        log = self.scheduler.batch_log
-        while log:
-            record = log.popleft()
-            if record.error is not None:
-                self.batch_errors.inc(tags={"error_type": batch_error_type(record.error)})
-                continue
-            self.batch_tokens.observe(record.tokens)
-            self.batch_sequences.observe(record.sequences)
-            self.step_seconds.observe(record.seconds)
-            self.items_scored.inc(record.items)
-        dropped = self.scheduler.cancelled_dropped
+        schedulers = [self.scheduler, *self.others()]
+        depths = [s.depth() for s in schedulers]
+        for state in ("queued", "inflight"):
+            self.queue_tokens.set(sum(getattr(d, f"{state}_tokens") for d in depths),
+                                  tags={"state": state})
+            self.queue_sequences.set(sum(getattr(d, f"{state}_sequences") for d in depths),
+                                     tags={"state": state})
+        for scheduler in schedulers:
+            self.publish_batches(scheduler)
+        # (a model unloaded since takes its count with it: only growth after that is added)
+        dropped = sum(s.cancelled_dropped for s in schedulers)
         add_growth(self.dropped, dropped, self._dropped_seen)
         self._dropped_seen = dropped
         if self.cache is not None:
@@ -129,6 +129,22 @@ class WorkerMetrics:
             self.cache_tokens.set(0)  # a gauge not set lately is not exported
         if self.scheduler.adapters is not None:
             self._publish_adapters()
+
+    def publish_batches(self, scheduler: Scheduler) -> None:
+        """The batches `scheduler` finished since last read (also called for a model's loop
+        as it is unloaded, from another thread)."""
+        while True:
+            try:
+                record = scheduler.batch_log.popleft()
+            except IndexError:  # (read to the end, here or by the other thread)
+                break
+            if record.error is not None:
+                self.batch_errors.inc(tags={"error_type": batch_error_type(record.error)})
+                continue
+            self.batch_tokens.observe(record.tokens)
+            self.batch_sequences.observe(record.sequences)
+            self.step_seconds.observe(record.seconds)
+            self.items_scored.inc(record.items)
 
     def _publish_adapters(self) -> None:
         slots = self.scheduler.adapters

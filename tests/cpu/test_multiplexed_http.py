@@ -7,7 +7,8 @@ that hold one of them each (`multiplex.max_models_per_replica: 1`).
 - the two classifiers, alternating, come to be held by a replica each (the router sends a model
   to a replica that holds it, else to one that holds fewer), and then load no more;
 - a third model displaces one (Serve's least recently used), which loads again when named;
-- requests of all four at once are all answered, each as when alone.
+- requests of all four at once are all answered, each as when alone;
+- the scorers' metrics count the items of every model.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ LOADS = "ray_serve_multiplexed_models_load_counter_total"
 UNLOADS = "ray_serve_multiplexed_models_unload_counter_total"
 CALLS = "ray_serve_multiplexed_get_model_requests_counter_total"
 HELD = "ray_serve_registered_multiplexed_model_id"
+ITEMS_SCORED = "ray_ranker_items_scored_total"  # the scorers' own
 
 
 def worst(a: list[list[float]], b: list[list[float]]) -> float:
@@ -88,12 +90,24 @@ def test_full_models_load_on_their_own_replicas_and_score_as_hf(small_model, tin
                            "two scorers", svc)
         metrics_url = svc.metrics_url()
 
+        sent = []  # items of each answered request
+        asked = []  # the requests naming one of `models`: each asks the replica's multiplexer
+
+        def counted() -> None:
+            """Until the replicas' metrics show every request so far (exported each second)."""
+            tooling.wait_until(lambda: total(metrics_url, CALLS) == len(asked), 60,
+                               f"{len(asked)} model requests counted", svc)
+
         def post(route: str, body: dict, status: int = 200) -> dict:
             r = client.post(route, json=body)
             assert r.status_code == status, r.text
+            if status == 200:
+                sent.append(len(body.get("items", body.get("documents", []))))
             return r.json()
 
         def score(model: str | None) -> list[list[float]]:
+            if model is not None:
+                asked.append(model)
             body = {"query": QUERY, "items": ITEMS} | ({"model": model} if model else {})
             if model is None or model == "small-copy":
                 body["label_token_ids"] = LABELS
@@ -118,16 +132,15 @@ def test_full_models_load_on_their_own_replicas_and_score_as_hf(small_model, tin
                 len(set().union(*(homes[name] for name in CLASSIFIERS))) == 2
 
         tooling.wait_until(both_held, 120, "each classifier held by a replica of its own", svc)
-        loads, unloads, calls = (total(metrics_url, LOADS), total(metrics_url, UNLOADS),
-                                 total(metrics_url, CALLS))
+        counted()
+        loads, unloads = total(metrics_url, LOADS), total(metrics_url, UNLOADS)
         for _ in range(3):
             for name in CLASSIFIERS:
                 answers[name] = score(name)
                 for k, item in enumerate(ITEMS):
                     ref = hf_logits(hf[name], QUERY + item)
                     assert answers[name][k] == pytest.approx(ref, abs=TOL), (name, k)
-        tooling.wait_until(lambda: total(metrics_url, CALLS) == calls + 6, 60,
-                           "the six requests counted", svc)
+        counted()
         assert (total(metrics_url, LOADS), total(metrics_url, UNLOADS)) == (loads, unloads)
         for name, (_, _, _, template) in CLASSIFIERS.items():  # its own template and head
             out = post("/v1/rerank", {"query": "What is the capital of France?",
@@ -149,3 +162,7 @@ def test_full_models_load_on_their_own_replicas_and_score_as_hf(small_model, tin
             got = list(pool.map(score, names))
         for name, scores in zip(names, got, strict=True):
             assert worst(scores, expected[name]) <= 1e-6, name
+
+        # The scorers' metrics count every model's items, not only model_path's.
+        tooling.wait_until(lambda: total(metrics_url, ITEMS_SCORED) == sum(sent), 60,
+                           f"{sum(sent)} items counted", svc)

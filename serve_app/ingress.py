@@ -222,17 +222,17 @@ class ScoreIngress:
         self.admission = (Admission(config.admission.requests_per_scorer, self.scorers.counts)
                           if config.admission.requests_per_scorer else None)
 
-    @app.post("/v1/score", response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
+    @app.post(SCORE, response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
               responses=_ERROR_RESPONSES)
     async def score(self, request: Request) -> JSONResponse:
         return await self._observed(SCORE, request)
 
-    @app.post("/v1/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
+    @app.post(RERANK_V1, response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
               responses=_ERROR_RESPONSES, summary="Rerank (Cohere v1 / Jina shape)")
     async def rerank_v1(self, request: Request) -> JSONResponse:
         return await self._observed(RERANK_V1, request)
 
-    @app.post("/v2/rerank", response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
+    @app.post(RERANK_V2, response_model=RerankResponse, openapi_extra=_RERANK_OPENAPI,
               responses=_ERROR_RESPONSES, summary="Rerank (Cohere v2 shape)")
     async def rerank_v2(self, request: Request) -> JSONResponse:
         return await self._observed(RERANK_V2, request)

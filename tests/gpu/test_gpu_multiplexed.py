@@ -2,13 +2,15 @@
 scorer replica loads one on its first request (gpu_worker/deployment.py): its own engine, budget
 share, CUDA graphs and warm-up, built in another thread while the first model's loop keeps
 answering. Nothing of the first model fails or changes meanwhile; the second scores as the
-first on the same weights; unloading it gives its memory back, load after load."""
+first on the same weights; unloading it gives its GPU and host memory back, load after load."""
 
 from __future__ import annotations
 
 import random
 import threading
+import time
 
+import psutil
 import torch
 
 from gpu_worker.replica import release_memory, start_scorer
@@ -20,7 +22,7 @@ from tools.configs import shipped_app_config
 
 # Graph replay of one bucket on the same weights: the same kernels, so the same scores.
 SAME_GRAPH = 1e-6
-LOADS = 3  # load-unload cycles of the second model
+LOADS = 6  # load-unload cycles of the second model
 
 
 def _score(scheduler, sequence) -> list:
@@ -73,16 +75,21 @@ def test_a_model_loads_beside_another_models_batches(qwen3_path):
         assert max(worst_difference([a], [reference])[0] for a in answers) <= SAME_GRAPH
         second_answer = _score(second.scheduler, sequence)
         assert worst_difference([second_answer], [reference])[0] <= SAME_GRAPH
-        loaded, after = [second], []
+        loaded, after, host, started = [second], [], [], time.perf_counter()
         del second
         for cycle in range(LOADS):  # unloaded, and loaded again: nothing kept per load
             loaded.pop().stop(drain_s=60)
             release_memory()
             after.append(torch.cuda.memory_allocated())
+            host.append(psutil.Process().memory_info().rss)
+            print(f"cycle {cycle}: host RSS {host[-1] / 2**20:.0f} MiB, "
+                  f"{time.perf_counter() - started:.2f} s")  # (the first: an unload only)
+            started = time.perf_counter()
             if cycle + 1 < LOADS:
                 loaded.append(start_scorer(app.multiplexed("second"), None, app.memory_share))
         print(f"allocated: {before_load / 2**20:.0f} MiB before the first load, after each "
               f"unload {[round(a / 2**20) for a in after]} MiB")
         assert max(after) <= before_load + 64 * 2**20
+        assert max(host) <= host[0] + 256 * 2**20  # the host keeps no copy per load either
     finally:
         first.stop(drain_s=0)

@@ -51,7 +51,9 @@ class MultiplexedModel:
 
 @serve.deployment(**DEFAULT_OPTIONS)
 class ScoreWorker:
-    def __init__(self, config: AppConfig) -> None:
+    async def __init__(self, config: AppConfig) -> None:
+        # async (Serve awaits a coroutine constructor): the preloads go through Serve's
+        # multiplexer, an async API, before the replica reports ready.
         scorer = start_scorer(config, memory_share=config.memory_share)
         # The probe's rate, what record_autoscaling_stats compares the computed rate with.
         self.capacity_tokens_per_s = scorer.budget.capacity_tokens_per_s
@@ -67,6 +69,8 @@ class ScoreWorker:
                                      config.model_names, lambda: self._schedulers()[1:])
         # refused and computed tokens at the last stats report, and when it was
         self._last_report = (0, 0, time.monotonic())
+        for name in config.multiplex.preload:
+            await self._model(name)
         logger.info("ScoreWorker ready: %s", config)
 
     def _load_model_of(self, config: AppConfig):

@@ -365,6 +365,9 @@ class MultiplexConfig(_Settings):
         1, ge=1, description="models of `models` one replica holds at once besides `model_path`: "
         "one loads on its first request there, in place of the least recently used; each holds "
         "its own share of the replica's GPU memory: 1 / (1 + this)")
+    preload: tuple[str, ...] = Field(
+        (), description="models of `models` every replica loads at start, before it reports "
+        "ready, so that their first requests wait for no load (at most max_models_per_replica)")
 
 
 class AppConfig(_Settings):
@@ -398,6 +401,12 @@ class AppConfig(_Settings):
         if len(set(names)) < len(names):
             raise ValueError(f"adapters and models: every name must differ from the others "
                              f"and from served_model_name: {names}")
+        unknown = [n for n in self.multiplex.preload if n not in {m.name for m in self.models}]
+        if unknown:
+            raise ValueError(f"multiplex.preload: {unknown} not among the names of `models`")
+        if len(self.multiplex.preload) > self.multiplex.max_models_per_replica:
+            raise ValueError("multiplex.preload: more models than "
+                             "multiplex.max_models_per_replica holds")
         if self.rerank.classifier_from_labels and any(a.rerank for a in self.adapters):
             raise ValueError("adapters: a rerank prompt of an adapter's own needs "
                              "rerank.classifier_from_labels off (the head is the model's yes "

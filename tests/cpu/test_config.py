@@ -354,6 +354,11 @@ def test_models_beside_the_model_have_their_own_names_folders_and_memory_share(t
     assert c.resolved_model_path() == tmp_path and c.engine == config.engine
     with pytest.raises(ModelFolderError, match=r"models\[0\] \(b\)"):
         build_app(config)
+    for preload, named in ((["b", "x"], r"\['x'\] not among"), (["b", "c"], "more models")):
+        with pytest.raises(ValidationError, match=named):
+            AppConfig.model_validate({"models": [{"name": "b", "path": "b"},
+                                                 {"name": "c", "path": "c"}],
+                                      "multiplex": {"preload": preload}})
 
 
 def test_a_requests_model_picks_the_request_path_of_its_model(default_model_path,

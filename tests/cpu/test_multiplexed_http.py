@@ -1,8 +1,9 @@
 """Full models beside the model (`models`, loaded through Ray Serve's model multiplexing) over
 real HTTP: a `serve run` of the small model with three more, two tiny classifiers (each with its
 own tokenizer, head and rerank template) and a copy of the small model, on two scorer replicas
-that hold one of them each (`multiplex.max_models_per_replica: 1`).
+that hold one of them each (`multiplex.max_models_per_replica: 1`), the first preloaded.
 
+- a preloaded model is held by every scorer from the start: its first request loads nothing;
 - each model scores as HF on its own weights; the copy as the model itself;
 - the two classifiers, alternating, come to be held by a replica each (the router sends a model
   to a replica that holds it, else to one that holds fewer), and then load no more;
@@ -75,7 +76,7 @@ def test_full_models_load_on_their_own_replicas_and_score_as_hf(small_model, tin
     args["models"] = [*({"name": name, "path": str(folders[name]),
                          "rerank": {"template": CLASSIFIERS[name][3]}} for name in CLASSIFIERS),
                       {"name": "small-copy", "path": str(small_model)}]
-    args["multiplex"] = {"max_models_per_replica": 1}
+    args["multiplex"] = {"max_models_per_replica": 1, "preload": ["cls-qwen3"]}
     worker = tooling.deployment(config, "ScoreWorker")
     worker.pop("autoscaling_config")
     worker.update(num_replicas=2)
@@ -91,7 +92,8 @@ def test_full_models_load_on_their_own_replicas_and_score_as_hf(small_model, tin
         metrics_url = svc.metrics_url()
 
         sent = []  # items of each answered request
-        asked = []  # the requests naming one of `models`: each asks the replica's multiplexer
+        # what asked a replica's multiplexer for a model: each preload, each request naming one
+        asked = ["cls-qwen3"] * 2
 
         def counted() -> None:
             """Until the replicas' metrics show every request so far (exported each second)."""
@@ -118,6 +120,13 @@ def test_full_models_load_on_their_own_replicas_and_score_as_hf(small_model, tin
         unknown = post("/v1/score", {"query": "q", "items": ["a"], "model": "nobody"}, 404)
         assert unknown["error"]["param"] == "model"
         own = score(None)
+
+        # Preloaded: held by both scorers from the start, so its first request loads nothing.
+        tooling.wait_until(lambda: len(held(metrics_url).get("cls-qwen3", ())) == 2, 60,
+                           "cls-qwen3 preloaded by both scorers", svc)
+        score("cls-qwen3")
+        counted()
+        assert (total(metrics_url, LOADS), total(metrics_url, UNLOADS)) == (2, 0)
 
         # The classifiers alternate. Once each is held by a replica of its own (a replica tells
         # the routers what it holds within a second: until then two may land on one), they stay:

@@ -35,6 +35,7 @@ CLASSIFIERS = {
     "cls-qwen3": ("qwen3_1class", 151936, qwen3_tokenizer, "qwen3"),
     "cls-llama": ("llama_2class", 49152, default_model_tokenizer, "yes_no"),
 }
+MODELS = [*CLASSIFIERS, "small-copy"]  # the `models` of the service
 QUERY, ITEMS = [1000 + i for i in range(25)], [[3000 + i for i in range(n)] for n in (7, 2)]
 LABELS = [9, 11]  # tokens of the small model; classes are the classifiers' own
 DOC = "Paris is the capital and most populous city of France."
@@ -76,6 +77,7 @@ def test_full_models_load_on_their_own_replicas_and_score_as_hf(small_model, tin
     args["models"] = [*({"name": name, "path": str(folders[name]),
                          "rerank": {"template": CLASSIFIERS[name][3]}} for name in CLASSIFIERS),
                       {"name": "small-copy", "path": str(small_model)}]
+    assert [m["name"] for m in args["models"]] == MODELS
     args["multiplex"] = {"max_models_per_replica": 1, "preload": ["cls-qwen3"]}
     worker = tooling.deployment(config, "ScoreWorker")
     worker.pop("autoscaling_config")
@@ -105,11 +107,11 @@ def test_full_models_load_on_their_own_replicas_and_score_as_hf(small_model, tin
             assert r.status_code == status, r.text
             if status == 200:
                 sent.append(len(body.get("items", body.get("documents", []))))
+                if body.get("model") in MODELS:
+                    asked.append(body["model"])
             return r.json()
 
         def score(model: str | None) -> list[list[float]]:
-            if model is not None:
-                asked.append(model)
             body = {"query": QUERY, "items": ITEMS} | ({"model": model} if model else {})
             if model is None or model == "small-copy":
                 body["label_token_ids"] = LABELS
@@ -128,20 +130,27 @@ def test_full_models_load_on_their_own_replicas_and_score_as_hf(small_model, tin
         counted()
         assert (total(metrics_url, LOADS), total(metrics_url, UNLOADS)) == (2, 0)
 
-        # The classifiers alternate. Once each is held by a replica of its own (a replica tells
-        # the routers what it holds within a second: until then two may land on one), they stay:
-        # no more loads, nor unloads.
+        # The classifiers alternate. Once a round of both loads nothing (a replica tells the
+        # routers what it holds within a second: until then two may land on one), each is held
+        # by a replica of its own and they stay: no more loads, nor unloads.
         answers = {}
 
-        def both_held() -> bool:
+        def settled() -> bool:
+            counted()
+            loads = total(metrics_url, LOADS)
             for name in CLASSIFIERS:
                 answers[name] = score(name)
+            counted()
+            return total(metrics_url, LOADS) == loads
+
+        tooling.wait_until(settled, 120, "a round of both classifiers that loads nothing", svc)
+
+        def apart() -> bool:
             homes = held(metrics_url)
             return all(len(homes.get(name, ())) == 1 for name in CLASSIFIERS) and \
                 len(set().union(*(homes[name] for name in CLASSIFIERS))) == 2
 
-        tooling.wait_until(both_held, 120, "each classifier held by a replica of its own", svc)
-        counted()
+        tooling.wait_until(apart, 60, "each classifier held by a replica of its own", svc)
         loads, unloads = total(metrics_url, LOADS), total(metrics_url, UNLOADS)
         for _ in range(3):
             for name in CLASSIFIERS:

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 import ray
 
 from ranker_batch.job import read_input, score_dataset
-from tools import git_commit
+from tools import git_commit, gpu_name
 from tools.configs import shipped_app_config
 from tools.workload import WORDS, Workload
 
@@ -158,8 +158,7 @@ def main() -> int:
     engine_bench = (json.loads(args.engine_bench.read_text())["engine_items_per_s"]
                     if args.engine_bench else None)
     commit = args.commit or git_commit()
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-                         capture_output=True, text=True).stdout.strip()
+    gpu = gpu_name()
     run = {"gpu": gpu, "commit": commit,
            "command": "python -m loadtest.bench_batch " + " ".join(sys.argv[1:]),
            "gpus": args.gpus, "input": args.input, "rows": rows, "items": items,

@@ -17,14 +17,13 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from tools import git_commit
+from tools import git_commit, gpu_name
 from tools.configs import shipped_yaml
 from tools.service import serving
 from tools.workload import WORDS
@@ -73,8 +72,7 @@ def main() -> int:
                   f"{answer['usage']['total_tokens']:9d} tokens, median "
                   f"{results[name]['median_s']:.3f} s")
     commit = args.commit or git_commit()
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-                         capture_output=True, text=True).stdout.strip()
+    gpu = gpu_name()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "gpu": gpu, "commit": commit, "config": args.config,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -27,8 +26,9 @@ from pathlib import Path
 import httpx
 
 import tools.service as tooling
-from tools import git_commit
+from tools import git_commit, gpu_name
 from tools.configs import shipped_app_config
+from tools.stats import percentile
 
 BODY = {"query": list(range(1000, 1120)), "items": [list(range(2000, 2180))] * 10,
         "label_token_ids": [9454, 2753]}
@@ -45,11 +45,6 @@ def _timed(client: httpx.Client, model: str | None) -> float:
 
 def _first_uses(client: httpx.Client) -> list[float]:
     return [_timed(client, name) for name in ["second", "third"] * (FIRST_USES // 2)]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
@@ -86,8 +81,7 @@ def main() -> None:
         finally:
             stop.set()
             thread.join(120)
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-                         capture_output=True, text=True).stdout.strip()
+    gpu = gpu_name()
     result = {
         "gpu": gpu, "commit": args.commit or git_commit(), "command": " ".join(sys.argv),
         "workload": "ids: 120-token query, 10 items x 180 tokens; models: two copies of the "
@@ -97,7 +91,7 @@ def main() -> None:
         "first_use_ms_under_load": under_load,
         "background": {"requests": len(background), "failed": len(failed),
                        "p50_ms": statistics.median(background) if background else None,
-                       "p99_ms": _percentile(background, 0.99) if background else None,
+                       "p99_ms": percentile(background, 99),
                        "failures": failed[:5]},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,13 +27,12 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from tools import RESULTS_DIR, git_commit
+from tools import RESULTS_DIR, git_commit, gpu_name
 from tools.configs import shipped_yaml
 from tools.http_client import make_session
 from tools.loadgen import RateConfig, run_rate, run_sweep
@@ -45,12 +44,6 @@ CONFIG = "score-gpu.yaml"
 # Serve's own default, named explicitly to undo the affinity router that build_app sets.
 DEFAULT_ROUTER = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
 SWEEP = RateConfig(rate=0, duration_s=6, warmup_s=2, timeout_s=30)
-
-
-def gpu_name() -> str:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
 
 
 def serve_env() -> str:

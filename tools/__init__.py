@@ -31,3 +31,14 @@ def git_commit() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
                          capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
+
+
+def gpu_name() -> str:
+    """The first GPU's name as nvidia-smi gives it: the GPU a result measured ("unknown"
+    without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i",
+                              "0"], capture_output=True, text=True)
+    except OSError:  # no nvidia-smi
+        return "unknown"
+    return (out.stdout.strip() if out.returncode == 0 else "") or "unknown"

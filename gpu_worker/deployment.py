@@ -11,6 +11,7 @@ from ray import serve
 
 from gpu_worker.metrics import WorkerMetrics
 from gpu_worker.replica import Scorer, release_memory, start_scorer
+from gpu_worker.scheduler import QueueDepth, Scheduler
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoredJob, ScoreJob
@@ -106,7 +107,7 @@ class ScoreWorker:
             self.metrics.rejected.inc()
             return refusal
 
-    def _schedulers(self) -> list:
+    def _schedulers(self) -> list[Scheduler]:
         return [self.scheduler, *(m.scorer.scheduler for m in list(self.multiplexed.values())
                                   if m.scorer is not None)]
 
@@ -114,7 +115,7 @@ class ScoreWorker:
         # Read by the autoscaling policy (ranker_app/autoscaling_policy.py).
         # Every model's loop on this replica: they share its GPU.
         schedulers = self._schedulers()
-        depths = [s.depth() for s in schedulers]
+        depth = QueueDepth.total(schedulers)
         refused = sum(s.refused_tokens for s in schedulers)
         computed = sum(s.tokens_computed for s in schedulers)
         now = time.monotonic()
@@ -124,10 +125,10 @@ class ScoreWorker:
         capacity = self.capacity_tokens_per_s
         # (a model unloaded since takes its totals with it: that report's rates read 0)
         return {
-            "queued_tokens": sum(d.queued_tokens for d in depths),
-            "inflight_tokens": sum(d.inflight_tokens for d in depths),
-            "queued_sequences": sum(d.queued_sequences for d in depths),
-            "inflight_sequences": sum(d.inflight_sequences for d in depths),
+            "queued_tokens": depth.queued_tokens,
+            "inflight_tokens": depth.inflight_tokens,
+            "queued_sequences": depth.queued_sequences,
+            "inflight_sequences": depth.inflight_sequences,
             "refused_tokens_per_s": max(0, refused - refused_before) / elapsed,
             # computed tokens/s as a share of the measured capacity (0 where not measured)
             "demand_share": (max(0, computed - computed_before) / elapsed / capacity

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ray.serve.metrics import Counter, Gauge, Histogram
 
 from gpu_worker.prefix_cache import PrefixCacheStats
-from gpu_worker.scheduler import Scheduler
+from gpu_worker.scheduler import QueueDepth, Scheduler
 from ranker_contract.metrics import declare_at_zero
 
 PUBLISH_INTERVAL_S = 0.5
@@ -111,12 +111,11 @@ class WorkerMetrics:
 
     def publish(self) -> None:
         schedulers = [self.scheduler, *self.others()]
-        depths = [s.depth() for s in schedulers]
-        for state in ("queued", "inflight"):
-            self.queue_tokens.set(sum(getattr(d, f"{state}_tokens") for d in depths),
-                                  tags={"state": state})
-            self.queue_sequences.set(sum(getattr(d, f"{state}_sequences") for d in depths),
-                                     tags={"state": state})
+        depth = QueueDepth.total(schedulers)
+        self.queue_tokens.set(depth.queued_tokens, tags={"state": "queued"})
+        self.queue_tokens.set(depth.inflight_tokens, tags={"state": "inflight"})
+        self.queue_sequences.set(depth.queued_sequences, tags={"state": "queued"})
+        self.queue_sequences.set(depth.inflight_sequences, tags={"state": "inflight"})
         for scheduler in schedulers:
             self.publish_batches(scheduler)
         # (a model unloaded since takes its count with it: only growth after that is added)

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from gpu_worker.adapter_slots import AdapterSlots
@@ -110,6 +110,12 @@ class QueueDepth:
     def empty(self) -> bool:
         """Nothing accepted is unanswered."""
         return self.queued_sequences == 0 and self.inflight_sequences == 0
+
+    @staticmethod
+    def total(schedulers: list[Scheduler]) -> QueueDepth:
+        """The depths of several loops added up (the models one replica holds)."""
+        depths = [s.depth() for s in schedulers]
+        return QueueDepth(*(sum(getattr(d, f.name) for d in depths) for f in fields(QueueDepth)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,12 @@ from serve_app.tokenizer import TextTokenizer
 from serve_app.validate import read_body
 
 
+def named_model(body: dict) -> str | None:
+    """The body's `model` where it is a name; anything else its route's check refuses (400)."""
+    model = body.get("model")
+    return model if isinstance(model, str) else None
+
+
 @dataclass(slots=True)
 class Packed:
     """A request ready for a scorer: its sequences and the prefix-affinity key."""
@@ -85,8 +91,7 @@ class RequestPath:
     def parse(self, route: str, body: dict):
         """The request (`body`: serve_app/validate.py::read_body) on the route its model serves
         `route` (an HTTP path) by: (route, request, adapter)."""
-        model = body.get("model")
-        adapter = self.adapter_of(model if isinstance(model, str) else None)  # else: a 400
+        adapter = self.adapter_of(named_model(body))
         own = self.route_for(route, adapter)
         return own, own.parse(body), adapter
 
@@ -158,6 +163,5 @@ class ServedModels:
         """The body of a request to HTTP path `route`; every malformed input is a 4xx naming
         the field, an unknown `model` a 404 naming it."""
         data = read_body(body, self.limits)
-        model = data.get("model")
-        path = self.multiplexed.get(model, self.main) if isinstance(model, str) else self.main
+        path = self.multiplexed.get(named_model(data) or "", self.main)
         return Parsed(path, *path.parse(route, data))

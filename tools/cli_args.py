@@ -1,4 +1,4 @@
-"""Command-line arguments of tools/loadgen.py (run, sweep, overload, single); the workload
+"""Command-line arguments of tools/loadgen.py (run, sweep, overload, single, sporadic); the workload
 group is shared with tools/ramp.py."""
 
 from __future__ import annotations
@@ -109,4 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(single, query_len=0, items=10, item_len=300)
     single.add_argument("--requests", type=int, default=200, help="measured requests")
     single.add_argument("--warmup-requests", type=int, default=5, help="unmeasured, sent first")
+
+    sporadic = sub.add_parser("sporadic", help="a lone request on an idle service: a constant "
+                              "low rate, each request's idle time before it recorded")
+    _common(sporadic, query_len=120, items=1, item_len=180)
+    sporadic.add_argument("--rate", type=float, default=2.0, help="requests/s (constant)")
+    sporadic.add_argument("--requests", type=int, default=60, help="measured requests")
+    sporadic.add_argument("--warmup-requests", type=int, default=3,
+                          help="unmeasured, sent first")
     return parser

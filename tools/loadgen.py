@@ -5,7 +5,10 @@
                                     [--p99-ms 500 --plot out.png]
   python -m tools.loadgen overload --capacity-rps 240 [--multiples 1,1.2,1.5,3]
   python -m tools.loadgen single [--requests 200 --items 10 --item-len 300 --query-len 0]
-                                 (idle latency and where it goes: Server-Timing stages)
+                                 (back-to-back latency and where it goes: Server-Timing stages)
+  python -m tools.loadgen sporadic [--rate 2 --requests 60 --items 1 --item-len 180]
+                                 (a lone request on an idle service: constant low rate, each
+                                  request's idle time before it recorded)
   (any command: [--text repeat|natural] sends strings instead of token ids; with --rerank, to
   /v1/rerank as {query, documents}; [--clients N] spreads the load over N processes, by default
   one per 100 req/s; [--metrics-url auto] adds the scorer replicas' balance to each point)
@@ -24,6 +27,8 @@ tools/stats.py::aggregate. JSON written by --out:
    "refused", "other_failures"}, ...], "points": [point, ...]}                     (overload)
   {..., "result": {"requests", "successes", "failed", "failures", "latency_ms",
                    "stages_ms"}}                                                     (single)
+  {..., "result": {"requests", "rate", "idle", "busy", "failed", "failures", "latency_ms",
+                   "busy_latency_ms", "idle_before_ms", "stages_ms"}}              (sporadic)
 where a point is {"offered_rps", "offered_items_per_s", "scheduled_rps", "achieved_rps",
 "achieved_items_per_s", "window_s", "sent", "warmup_requests", "measured_requests", "successes",
 "failed", "failures": {"503" | "timeout" | "connection" | ...: count}, "latency_ms": {"p50",
@@ -268,6 +273,65 @@ async def run_single(session: aiohttp.ClientSession, base_url: str, workload: Wo
             "latency_ms": summarize_ms(o.done for o in ok), **where_time_went(ok)}
 
 
+async def run_sporadic(session: aiohttp.ClientSession, base_urls: list[str],
+                       workload: Workload, *, rate: float = 2.0, requests: int = 60,
+                       warmup_requests: int = 3, timeout_s: float = 30.0, seed: int | str = 0,
+                       progress: bool = True) -> list[dict]:
+    """A lone request as a user sees it: `requests` (+ `warmup_requests` unmeasured) sent at a
+    constant `rate`, each at its time whatever the state of the last one, cycling over
+    `base_urls` (two services: A B A B, so drift hits both alike). One result per URL.
+
+    `single` sends back to back, so the service never idles; here each request records how long
+    the service had been idle before it (`idle_before_ms`: since the last answer, of any URL).
+    A request sent while another was unanswered counts as busy: its latency goes to
+    `busy_latency_ms`, not to `latency_ms`, which holds only requests that found it idle."""
+    urls = [u.rstrip("/") + workload.path for u in base_urls]
+    factory = RequestFactory(workload, seed)
+    loop = asyncio.get_running_loop()
+    inflight, last_done = 0, loop.time()
+    seen: list[list[tuple[str, float, float | None, dict | None]]] = [[] for _ in urls]
+
+    async def one(k: int, body: bytes) -> None:
+        nonlocal inflight, last_done
+        idle_before = None if inflight else loop.time() - last_done
+        inflight += 1
+        start = time.perf_counter()
+        kind, stages = await send_one(session, urls[k % len(urls)], body, workload.items,
+                                      timeout_s, workload.result_key)
+        elapsed = time.perf_counter() - start
+        inflight -= 1
+        last_done = loop.time()
+        if k >= warmup_requests * len(urls):
+            seen[k % len(urls)].append((kind, elapsed, idle_before, stages))
+
+    total = (warmup_requests + requests) * len(urls)
+    t0, tasks = loop.time(), []
+    for k in tqdm(range(total), desc=f"sporadic {rate:g} req/s", unit="req",
+                  disable=not progress, leave=False, dynamic_ncols=True):
+        body = factory.next_bytes()  # made before its send time, not inside the measurement
+        await asyncio.sleep(max(0.0, t0 + k / rate - loop.time()))
+        tasks.append(asyncio.create_task(one(k, body)))
+    await asyncio.gather(*tasks)
+    results = []
+    for outcomes in seen:
+        failures: dict[str, int] = {}
+        for kind, *_ in outcomes:
+            if kind != OK:
+                failures[kind] = failures.get(kind, 0) + 1
+        idle = [Outcome(0.0, 0.0, s, kind, stages)
+                for kind, s, before, stages in outcomes if kind == OK and before is not None]
+        busy = [s for kind, s, before, _ in outcomes if kind == OK and before is None]
+        results.append({
+            "requests": requests, "warmup_requests": warmup_requests, "rate": rate,
+            "idle": len(idle), "busy": len(busy), "failed": sum(failures.values()),
+            "failures": dict(sorted(failures.items())),
+            "latency_ms": summarize_ms(o.done for o in idle),
+            "busy_latency_ms": summarize_ms(busy),
+            "idle_before_ms": summarize_ms(b for *_, b, _ in outcomes if b is not None),
+            **where_time_went(idle)})
+    return results
+
+
 def format_point(p: dict) -> str:
     lat = p["latency_ms"]
     ms = " ".join(f"{k} {lat[k]:.1f}" if lat[k] is not None else f"{k} -"
@@ -327,6 +391,22 @@ async def _main(args: argparse.Namespace, argv: list[str]) -> dict:
             lat = res["latency_ms"]
             print(f"single: {res['successes']}/{res['requests']} ok, failures {res['failures']} | "
                   f"p50 {lat['p50']} p99 {lat['p99']} max {lat['max']} ms | p50 ms by stage: "
+                  + ", ".join(f"{k} {v['p50']}" for k, v in res["stages_ms"].items()))
+            return out
+        if args.command == "sporadic":
+            out["config"] = {"rate": args.rate, "requests": args.requests,
+                             "warmup_requests": args.warmup_requests, "timeout_s": args.timeout,
+                             "seed": args.seed}
+            res = (await run_sporadic(session, [args.url], workload, rate=args.rate,
+                                      requests=args.requests,
+                                      warmup_requests=args.warmup_requests,
+                                      timeout_s=args.timeout, seed=args.seed,
+                                      progress=progress))[0]
+            out["result"] = res
+            lat = res["latency_ms"]
+            print(f"sporadic {args.rate:g} req/s: {res['idle']} found it idle (p50 {lat['p50']} "
+                  f"p99 {lat['p99']} max {lat['max']} ms), {res['busy']} busy, failures "
+                  f"{res['failures']} | p50 ms by stage: "
                   + ", ".join(f"{k} {v['p50']}" for k, v in res["stages_ms"].items()))
             return out
         cfg = RateConfig(getattr(args, "rate", 0.0), args.duration, args.warmup, args.arrival,

@@ -1,0 +1,443 @@
+"""The headline run: every figure the README claims, measured on today's code on one GPU machine,
+optionally A/B against another commit in the same run (docs/BENCHMARKS.md, "Headline").
+
+  python -m loadtest.headline [--quick] [--baseline COMMIT] [--commit SHA] [--out PATH]
+
+What it measures, on the shipped configs/score-gpu.yaml of each tree (its own file, its own code):
+- the engine offline (loadtest/bench_engine.py of that tree: bf16, fp8, the in-run ceiling; the
+  full set adds LoRA: 1 adapter and 16 mixed ÷ the base engine);
+- over HTTP, every tree served at once from one Ray cluster on the same GPU, each application
+  under its own route prefix (/head, /base; the full set adds an FP8 application per tree):
+  - a sporadic lone request (tools/loadgen.py::run_sporadic: constant 2 req/s per tree, sent
+    A B A B, the service idle before each), 1 item and 10 items of 180 tokens after a 120-token
+    query, as text, with the Server-Timing stages;
+  - a text sweep (bench shape: 120-token query + 10 items × 180 tokens, natural words) at
+    fixed shares of the tree's engine rate: the highest items/s with P99 ≤ 500 ms and 0
+    failures, and the share of the engine rate where the first 503 came;
+  - P99 at half of that capacity (Poisson arrivals);
+  - full set only: rerank at Cohere's limits (10,000 × 64 and 100 × 8,000 words).
+Each tree's scorer gets 1/N of the GPU's share (`num_gpus`) and one replica (no autoscaling: one
+GPU holds them all); its batch budget is the YAML's cap, far under its memory share.
+
+`--baseline COMMIT` measures that commit's tree too (.ab/COMMIT, made with `git archive` where
+missing: on the GPU machine, carry it) and writes `baseline_figures` and `diff`, a row per figure
+flagged as a regression when items/s fall 3% or more, or a latency grows by 1 ms and 10% or more.
+`--quick` (engine bf16/fp8, the bf16 sweep, the sporadic rows, half load) fits two trees in one
+10-minute device call. Writes one JSON (top-level gpu, commit, command, baseline, figures,
+baseline_figures, diff, start, details) and prints the diff table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tools import REPO_ROOT, git_commit, gpu_name
+from tools.http_client import make_session
+from tools.loadgen import RateConfig, run_rate, run_sporadic, run_sweep
+from tools.service import free_port, serve_cli, wait_until
+from tools.workload import Workload
+
+CONFIG = "configs/score-gpu.yaml"  # every tree's own; --config: another (configs/score.yaml: CPU)
+MODEL = REPO_ROOT / "models" / "qwen3-0.6b-random"  # python -m tools.random_model; or --model
+TREES = REPO_ROOT / ".ab"  # baseline trees, one folder per commit (ignored by git)
+RESULT = REPO_ROOT / "docs" / "results" / "headline" / "headline.json"
+VOCAB = 151643  # the Qwen3 tokenizer's: text words and token ids both fit it
+BENCH = dict(query_len=120, items=10, item_len=180)
+LONE_ITEM_TOKENS = 180
+P99_BOUND_MS = 500.0
+SWEEP_SHARES = (0.85, 0.92, 0.97, 1.02)  # of the tree's engine rate
+DEFAULT_CAPACITY_ITEMS_PER_S = 2500.0  # where the engine was not measured (no GPU)
+START_TIMEOUT_S = 420
+# figure -> True where higher is better; every key the headline JSON's `figures` holds
+FIGURES = {
+    "engine_bf16_items_per_s": True, "engine_fp8_items_per_s": True,
+    "ceiling_items_per_s": True, "lora_1_adapter_ratio": True, "lora_16_mixed_ratio": True,
+    "http_text_bf16_items_per_s": True, "http_text_fp8_items_per_s": True,
+    "first_refusal_share_bf16": True, "first_refusal_share_fp8": True,
+    "sporadic_lone_1item_p50_ms": False, "sporadic_lone_1item_p99_ms": False,
+    "sporadic_lone_10item_p50_ms": False, "sporadic_lone_10item_p99_ms": False,
+    "p99_at_half_load_ms": False, "long_10000x64_s": False, "long_100x8000_s": False,
+    "prefix_profile_ratio": True, "service_start_s": False,
+}
+LONG_SHAPES = {"long_10000x64_s": (10_000, 64), "long_100x8000_s": (100, 8_000)}
+
+
+@dataclass(frozen=True)
+class Tree:
+    label: str  # its route prefix and its key in the JSON: "head" or "base"
+    path: Path
+    commit: str
+
+
+@dataclass(frozen=True)
+class App:
+    tree: Tree
+    precision: str  # "bf16" or "fp8"
+
+    @property
+    def name(self) -> str:
+        return self.tree.label if self.precision == "bf16" else f"{self.tree.label}-fp8"
+
+
+def baseline_tree(commit: str) -> Path:
+    """`.ab/COMMIT`: the commit's files (git archive), made here when missing."""
+    path = TREES / commit
+    if not (path / CONFIG).is_file():
+        path.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", commit], cwd=REPO_ROOT, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(path)], input=archive, check=True)
+    return path
+
+
+# ---- the engine, offline --------------------------------------------------------------------
+
+def engine_figures(tree: Tree, quick: bool, out_dir: Path) -> dict:
+    """bench_engine of `tree`, run from its folder on the shared model: its figures, or {}
+    where it failed or no GPU is here."""
+    out = out_dir / f"engine_{tree.label}.json"
+    modes = "engine,fp8" if quick else "engine,fp8,lora"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(
+        [str(tree.path), *filter(None, [os.environ.get("PYTHONPATH")])]), "COMMIT": tree.commit}
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "loadtest.bench_engine", "--modes", modes,
+                          "--no-hf", "--model", str(MODEL), "--out", str(out)],
+                         cwd=tree.path, env=env, capture_output=True, text=True)
+    print(f"[{tree.label}] bench_engine ({modes}): {time.monotonic() - started:.0f} s, "
+          f"rc {run.returncode}", flush=True)
+    if run.returncode != 0 or not out.is_file():
+        print(run.stdout[-1500:], run.stderr[-3000:], sep="\n")
+        return {}
+    doc = json.loads(out.read_text())
+    modes_run = doc.get("modes", {})
+    base = doc["engine_items_per_s"]
+
+    def rate(name: str) -> float | None:
+        return modes_run.get(name, {}).get("items_per_s")
+
+    def ratio(name: str) -> float | None:
+        value = rate(name)
+        return round(value / base, 4) if value else None
+
+    return {"engine_bf16_items_per_s": round(base, 1),
+            "engine_fp8_items_per_s": rate("fp8 W8A8") and round(rate("fp8 W8A8"), 1),
+            "ceiling_items_per_s": round(doc["ceiling_items_per_s"], 1),
+            "lora_1_adapter_ratio": ratio("LoRA, 1 adapter on all"),
+            "lora_16_mixed_ratio": ratio("LoRA, 16 mixed")}
+
+
+# ---- the service: every tree's application on one Ray cluster -------------------------------
+
+def combined_config(apps: list[App], port: int) -> dict:
+    """One Serve config holding each app's tree's own configs/score-gpu.yaml application,
+    renamed and prefixed by the app's name, on the shared model, sharing the GPU."""
+    doc = yaml.safe_load((REPO_ROOT / CONFIG).read_text())
+    doc["http_options"]["port"] = port
+    cpus = max(1, (os.cpu_count() or 16) - 2)  # some for the load generator
+    wanted, entries = 0.0, []
+    for app in apps:
+        entry = yaml.safe_load((app.tree.path / CONFIG).read_text())["applications"][0]
+        entry.update(name=app.name, route_prefix=f"/{app.name}")
+        entry["args"]["model_path"] = str(MODEL)
+        entry["args"]["served_model_name"] = MODEL.name
+        if app.precision != "bf16":
+            entry["args"]["engine"]["precision"] = app.precision
+        # Its replicas import its own code: `serve run` starts outside every tree (start()).
+        entry.setdefault("runtime_env", {})["working_dir"] = f"local://{app.tree.path}"
+        for dep in entry["deployments"]:
+            options = dep.setdefault("ray_actor_options", {})
+            if dep["name"] == "ScoreWorker":
+                options["num_gpus"] = options.get("num_gpus", 0) and 1 / len(apps)
+                dep.pop("autoscaling_config", None)
+                dep["num_replicas"] = 1
+            wanted += options.get("num_cpus", 1) * dep.get("num_replicas", 1)
+        entries.append(entry)
+    scale = min(1.0, cpus / wanted)  # Ray's CPU count is logical: fit every replica in
+    for entry in entries:
+        for dep in entry["deployments"]:
+            options = dep["ray_actor_options"]
+            options["num_cpus"] = round(options.get("num_cpus", 1) * scale, 3)
+    doc["applications"] = entries
+    return doc
+
+
+@dataclass
+class Running:
+    url: str
+    proc: subprocess.Popen
+    workdir: Path
+    start_s: float
+
+    @property
+    def log(self) -> str:
+        return (self.workdir / "serve.log").read_text(errors="replace")
+
+
+def start(apps: list[App]) -> Running:
+    port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="headline-"))
+    (workdir / "headline.yaml").write_text(yaml.safe_dump(combined_config(apps, port)))
+    env = os.environ | {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+                        "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    with open(workdir / "serve.log", "w") as log:
+        proc = subprocess.Popen([*serve_cli(), "run", str(workdir / "headline.yaml")],
+                                cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    running = Running(f"http://127.0.0.1:{port}", proc, workdir, 0.0)
+    started = time.monotonic()
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve run exited ({proc.returncode}):\n{running.log[-4000:]}")
+        try:
+            return all(httpx.get(f"{running.url}/{a.name}/health", timeout=5).status_code == 200
+                       for a in apps)
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, START_TIMEOUT_S, "every application healthy", every_s=1.0)
+    except BaseException:
+        stop(running)
+        raise
+    running.start_s = round(time.monotonic() - started, 1)
+    return running
+
+
+def stop(running: Running) -> None:
+    try:
+        os.killpg(running.proc.pid, signal.SIGINT)
+        running.proc.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(running.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start_breakdown(apps: list[App]) -> dict:
+    """Where each scorer's start went, from its replica log (gpu_worker/startup.py's lines)."""
+    logs = Path("/tmp/ray/session_latest/logs/serve")
+    out = {}
+    for app in apps:
+        text = "".join(p.read_text(errors="replace")
+                       for p in logs.glob(f"replica_{app.name}_ScoreWorker_*.log"))
+        warm = re.findall(r"warm-up batches ran in ([\d.]+) s", text)
+        budget = re.findall(r"batch budget (\d+) tokens", text)
+        out[app.name] = {"warm_up_batches_s": float(warm[-1]) if warm else None,
+                         "batch_budget_tokens": int(budget[-1]) if budget else None}
+    return out
+
+
+# ---- the HTTP figures -----------------------------------------------------------------------
+
+def text_workload(**shape) -> Workload:
+    return Workload(text="natural", vocab=VOCAB, **shape)
+
+
+async def lone_requests(url: str, apps: list[App], items: int, requests: int) -> dict:
+    workload = text_workload(query_len=BENCH["query_len"], items=items,
+                             item_len=LONE_ITEM_TOKENS)
+    async with make_session() as session:
+        results = await run_sporadic(session, [f"{url}/{a.name}" for a in apps], workload,
+                                     rate=2.0 * len(apps), requests=requests, progress=False,
+                                     seed=f"lone{items}")
+    for app, res in zip(apps, results):
+        lat = res["latency_ms"]
+        print(f"[{app.name}] sporadic {items} item(s): idle {res['idle']} busy {res['busy']} "
+              f"failed {res['failed']} | p50 {lat['p50']} p99 {lat['p99']} ms | stages p50 "
+              + ", ".join(f"{k} {v['p50']}" for k, v in res["stages_ms"].items()), flush=True)
+    return {a.name: r for a, r in zip(apps, results)}
+
+
+async def sweep(url: str, app: App, capacity_items_per_s: float, quick: bool) -> dict:
+    workload = text_workload(**BENCH)
+    rates = [round(share * capacity_items_per_s / BENCH["items"], 1) for share in SWEEP_SHARES]
+    cfg = RateConfig(0.0, duration_s=10.0 if quick else 15.0, warmup_s=3.0, seed=app.name)
+    async with make_session() as session:
+        res = await run_sweep(session, f"{url}/{app.name}", workload, cfg, P99_BOUND_MS,
+                              rates=rates, progress=False,
+                              report=lambda line: print(f"[{app.name}] {line}", flush=True))
+    refused = [p["offered_items_per_s"] for p in res["points"] if p["failures"].get("503")]
+    best = res["best"]
+    return {"rates": rates, "points": res["points"], "best": best,
+            "items_per_s": best and round(best["achieved_items_per_s"], 1),
+            "best_rps": best and best["offered_rps"],
+            # where the first 503 came, as a share of the engine's rate; no refusal at any
+            # rate: the highest share offered (a lower bound, said in `first_refusal_seen`)
+            "first_refusal_share": round(min(refused) / capacity_items_per_s, 3) if refused
+            else round(max(p["offered_items_per_s"] for p in res["points"])
+                       / capacity_items_per_s, 3),
+            "first_refusal_seen": bool(refused)}
+
+
+async def half_load(url: str, app: App, rps: float) -> dict:
+    cfg = RateConfig(rps / 2, duration_s=10.0, warmup_s=3.0, seed=f"{app.name}:half")
+    async with make_session() as session:
+        point, _ = await run_rate(session, f"{url}/{app.name}", text_workload(**BENCH), cfg,
+                                  progress=False)
+    print(f"[{app.name}] half load {rps / 2:.1f} req/s: p50 {point['latency_ms']['p50']} "
+          f"p99 {point['latency_ms']['p99']} ms, failed {point['failed']}", flush=True)
+    return point
+
+
+def long_rerank(url: str, app: App) -> dict:
+    import random
+
+    from loadtest.bench_long_rerank import QUERY_WORDS, text
+
+    rng, out = random.Random(0), {}
+    with httpx.Client(base_url=f"{url}/{app.name}", timeout=300) as client:
+        for key, (documents, words) in LONG_SHAPES.items():
+            body = {"query": text(rng, QUERY_WORDS), "top_n": 10,
+                    "documents": [text(rng, words) for _ in range(documents)]}
+            times = []
+            for attempt in range(3):  # the first warms up
+                started = time.perf_counter()
+                r = client.post("/v2/rerank", json=body)
+                if r.status_code != 200:
+                    print(f"[{app.name}] {key}: {r.status_code} {r.text[:300]}")
+                    break
+                if attempt:
+                    times.append(time.perf_counter() - started)
+            out[key] = round(sorted(times)[0], 3) if times else None
+    return out
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+def diff_rows(figures: dict, baseline: dict) -> list[dict]:
+    """One row per figure both runs measured; `regression` per the module docstring."""
+    rows = []
+    for key, higher_better in FIGURES.items():
+        new, old = figures.get(key), baseline.get(key)
+        if new is None or old is None or key == "service_start_s":
+            continue
+        change = (new - old) / old if old else 0.0
+        if higher_better:
+            regression = change <= -0.03
+        else:
+            regression = new - old >= 1.0 and change >= 0.10 if key.endswith("_ms") \
+                else change >= 0.10
+        rows.append({"figure": key, "new": new, "baseline": old,
+                     "change": round(change, 4), "regression": regression})
+    return rows
+
+
+def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
+            figures: dict, details: dict) -> None:
+    """Every figure of every tree into `figures` ({label: {figure: value}}), the details behind
+    them into `details`, as they come (a run cut short keeps what it measured)."""
+    have_gpu = gpu_name() != "unknown"
+    for tree in trees:
+        if have_gpu:
+            figures[tree.label].update(engine_figures(tree, quick, out_dir))
+    apps = [App(t, "bf16") for t in trees] + ([] if quick else [App(t, "fp8") for t in trees])
+    running = start(apps)
+    print(f"all {len(apps)} applications healthy after {running.start_s} s", flush=True)
+    try:
+        for tree in trees:
+            figures[tree.label]["service_start_s"] = running.start_s
+            details[tree.label]["start"] = start_breakdown([a for a in apps if a.tree is tree])
+        bf16 = [a for a in apps if a.precision == "bf16"]
+        for items in (1, 10):
+            lone = asyncio.run(lone_requests(running.url, bf16, items, lone_requests_n))
+            for app in bf16:
+                res = lone[app.name]
+                details[app.tree.label][f"sporadic_{items}item"] = res
+                key = f"sporadic_lone_{items}item"
+                figures[app.tree.label][f"{key}_p50_ms"] = res["latency_ms"]["p50"]
+                figures[app.tree.label][f"{key}_p99_ms"] = res["latency_ms"]["p99"]
+        for app in apps:
+            label, figs = app.tree.label, figures[app.tree.label]
+            engine = figs[f"engine_{app.precision}_items_per_s"] or DEFAULT_CAPACITY_ITEMS_PER_S
+            res = asyncio.run(sweep(running.url, app, engine, quick))
+            details[label][f"sweep_{app.precision}"] = res
+            figs[f"http_text_{app.precision}_items_per_s"] = res["items_per_s"]
+            figs[f"first_refusal_share_{app.precision}"] = res["first_refusal_share"]
+            if app.precision == "bf16" and res["best_rps"]:
+                point = asyncio.run(half_load(running.url, app, res["best_rps"]))
+                details[label]["half_load"] = point
+                figs["p99_at_half_load_ms"] = point["latency_ms"]["p99"]
+        if not quick:
+            for app in bf16:
+                figures[app.tree.label].update(long_rerank(running.url, app))
+    finally:
+        stop(running)
+
+
+def main() -> int:
+    global CONFIG, MODEL  # noqa: PLW0603 - one run's settings, read by the steps above
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the quick set (module docstring)")
+    p.add_argument("--baseline", help="also measure this commit's tree (.ab/COMMIT)")
+    p.add_argument("--commit", help="the commit of this tree (default: $COMMIT, else git HEAD)")
+    p.add_argument("--lone-requests", type=int, default=40,
+                   help="measured sporadic requests per tree and shape")
+    p.add_argument("--out", type=Path, default=RESULT)
+    p.add_argument("--config", default=CONFIG, help="each tree's config (a path in the tree)")
+    p.add_argument("--model", type=Path, default=MODEL, help="the model every tree serves")
+    args = p.parse_args()
+    CONFIG, MODEL = args.config, args.model.resolve()
+    if not (MODEL / "config.json").is_file():
+        sys.exit(f"{MODEL} is missing: python -m tools.random_model")
+    commit = args.commit or os.environ.get("COMMIT") or git_commit()
+    trees = [Tree("head", REPO_ROOT, commit)]
+    if args.baseline:
+        trees.append(Tree("base", baseline_tree(args.baseline), args.baseline))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    # `timeout` stops a run with SIGTERM: leave through the finally blocks (the service is
+    # stopped, what was measured written)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.monotonic()
+    figures = {t.label: dict.fromkeys(FIGURES) for t in trees}
+    details: dict = {t.label: {} for t in trees}
+    complete = False
+    try:
+        with tempfile.TemporaryDirectory(prefix="headline-engine-") as tmp:
+            measure(trees, args.quick, Path(tmp), args.lone_requests, figures, details)
+        complete = True
+    finally:  # what was measured is written, also when a step failed
+        doc = {"gpu": gpu_name(), "commit": commit, "baseline": args.baseline,
+               "command": " ".join(["python -m loadtest.headline", *sys.argv[1:]]),
+               "quick": args.quick, "complete": complete,
+               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "seconds": round(time.monotonic() - started),
+               "figures": figures["head"],
+               "baseline_figures": figures.get("base"),
+               "diff": diff_rows(figures["head"], figures["base"]) if args.baseline else None,
+               "details": details}
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"\nheadline at {commit} on {doc['gpu']} ({doc['seconds']} s); wrote {args.out}")
+    print(f"{'figure':32s} {'head':>10s} {'baseline':>10s} {'change':>8s}")
+    rows = {r["figure"]: r for r in doc["diff"] or []}
+    for key in FIGURES:
+        new, row = figures["head"].get(key), rows.get(key)
+        old = (figures.get("base") or {}).get(key)
+        flag = " REGRESSION" if row and row["regression"] else ""
+        change = f"{row['change']:+.1%}" if row else ""
+        print(f"{key:32s} {_fmt(new):>10s} {_fmt(old):>10s} {change:>8s}{flag}")
+    return 0
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

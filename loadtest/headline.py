@@ -48,7 +48,7 @@ import yaml
 from tools import REPO_ROOT, git_commit, gpu_name
 from tools.http_client import make_session
 from tools.loadgen import RateConfig, run_rate, run_sporadic, run_sweep
-from tools.service import free_port, serve_cli, wait_until
+from tools.service import free_port, serve_cli
 from tools.workload import Workload
 
 CONFIG = "configs/score-gpu.yaml"  # every tree's own; --config: another (configs/score.yaml: CPU)
@@ -61,7 +61,7 @@ LONE_ITEM_TOKENS = 180
 P99_BOUND_MS = 500.0
 SWEEP_SHARES = (0.85, 0.92, 0.97, 1.02)  # of the tree's engine rate
 DEFAULT_CAPACITY_ITEMS_PER_S = 2500.0  # where the engine was not measured (no GPU)
-START_TIMEOUT_S = 420
+START_TIMEOUT_S = 300
 # figure -> True where higher is better; every key the headline JSON's `figures` holds
 FIGURES = {
     "engine_bf16_items_per_s": True, "engine_fp8_items_per_s": True,
@@ -180,7 +180,7 @@ class Running:
     url: str
     proc: subprocess.Popen
     workdir: Path
-    start_s: float
+    healthy_s: dict[str, float]  # app name -> seconds from `serve run` to its /health 200
 
     @property
     def log(self) -> str:
@@ -188,6 +188,8 @@ class Running:
 
 
 def start(apps: list[App]) -> Running:
+    """`serve run` of every app; returns once all are healthy, or at START_TIMEOUT_S with those
+    that are (none: RuntimeError)."""
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="headline-"))
     (workdir / "headline.yaml").write_text(yaml.safe_dump(combined_config(apps, port)))
@@ -198,25 +200,33 @@ def start(apps: list[App]) -> Running:
         proc = subprocess.Popen([*serve_cli(), "run", str(workdir / "headline.yaml")],
                                 cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-    running = Running(f"http://127.0.0.1:{port}", proc, workdir, 0.0)
-    started = time.monotonic()
-
-    def healthy() -> bool:
+    running = Running(f"http://127.0.0.1:{port}", proc, workdir, {})
+    started = reported = time.monotonic()
+    while len(running.healthy_s) < len(apps) and time.monotonic() - started < START_TIMEOUT_S:
         if proc.poll() is not None:
             raise RuntimeError(f"serve run exited ({proc.returncode}):\n{running.log[-4000:]}")
-        try:
-            return all(httpx.get(f"{running.url}/{a.name}/health", timeout=5).status_code == 200
-                       for a in apps)
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(healthy, START_TIMEOUT_S, "every application healthy", every_s=1.0)
-    except BaseException:
+        for app in apps:
+            if app.name not in running.healthy_s and _healthy(f"{running.url}/{app.name}"):
+                running.healthy_s[app.name] = round(time.monotonic() - started, 1)
+        if time.monotonic() - reported > 60:
+            reported = time.monotonic()
+            status = subprocess.run([*serve_cli(), "status"], capture_output=True, text=True,
+                                    timeout=30, env=env)
+            states = re.findall(r"^\s*(\w+):\s*\n?\s*status: (\w+)", status.stdout, re.M)
+            print(f"{reported - started:.0f} s: healthy {running.healthy_s}; serve status "
+                  f"{states or status.stdout[-600:]}", flush=True)
+        time.sleep(1.0)
+    if not running.healthy_s:
         stop(running)
-        raise
-    running.start_s = round(time.monotonic() - started, 1)
+        raise RuntimeError(f"no application healthy after {START_TIMEOUT_S} s")
     return running
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def stop(running: Running) -> None:
@@ -228,6 +238,15 @@ def stop(running: Running) -> None:
             os.killpg(running.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def service_logs(running: Running, path: Path) -> None:
+    """The ends of `serve run`'s log and of every Serve log of this session, in one file."""
+    parts = [("serve run", running.log)]
+    parts += [(p.name, p.read_text(errors="replace"))
+              for p in sorted(Path("/tmp/ray/session_latest/logs/serve").glob("*.log"))]
+    path.write_text("".join(f"==== {name}\n" + "\n".join(text.splitlines()[-80:]) + "\n"
+                            for name, text in parts))
 
 
 def start_breakdown(apps: list[App]) -> dict:
@@ -340,7 +359,7 @@ def diff_rows(figures: dict, baseline: dict) -> list[dict]:
 
 
 def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
-            figures: dict, details: dict) -> None:
+            figures: dict, details: dict, logs: Path) -> None:
     """Every figure of every tree into `figures` ({label: {figure: value}}), the details behind
     them into `details`, as they come (a run cut short keeps what it measured)."""
     have_gpu = gpu_name() != "unknown"
@@ -349,10 +368,11 @@ def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
             figures[tree.label].update(engine_figures(tree, quick, out_dir))
     apps = [App(t, "bf16") for t in trees] + ([] if quick else [App(t, "fp8") for t in trees])
     running = start(apps)
-    print(f"all {len(apps)} applications healthy after {running.start_s} s", flush=True)
+    print(f"healthy after (s): {running.healthy_s}", flush=True)
+    apps = [a for a in apps if a.name in running.healthy_s]
     try:
         for tree in trees:
-            figures[tree.label]["service_start_s"] = running.start_s
+            figures[tree.label]["service_start_s"] = running.healthy_s.get(tree.label)
             details[tree.label]["start"] = start_breakdown([a for a in apps if a.tree is tree])
         bf16 = [a for a in apps if a.precision == "bf16"]
         for items in (1, 10):
@@ -378,6 +398,7 @@ def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
             for app in bf16:
                 figures[app.tree.label].update(long_rerank(running.url, app))
     finally:
+        service_logs(running, logs)
         stop(running)
 
 
@@ -410,7 +431,8 @@ def main() -> int:
     complete = False
     try:
         with tempfile.TemporaryDirectory(prefix="headline-engine-") as tmp:
-            measure(trees, args.quick, Path(tmp), args.lone_requests, figures, details)
+            measure(trees, args.quick, Path(tmp), args.lone_requests, figures, details,
+                    args.out.with_name(args.out.stem + "_service.log"))
         complete = True
     finally:  # what was measured is written, also when a step failed
         doc = {"gpu": gpu_name(), "commit": commit, "baseline": args.baseline,

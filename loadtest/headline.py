@@ -196,6 +196,9 @@ def start(apps: list[App]) -> Running:
     env = os.environ | {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
                         "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
+    # Serve's controller imports this tree's request router (ranker_app) outside any app's
+    # runtime_env; each app's replicas put their own tree first (working_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     with open(workdir / "serve.log", "w") as log:
         proc = subprocess.Popen([*serve_cli(), "run", str(workdir / "headline.yaml")],
                                 cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -359,12 +362,12 @@ def diff_rows(figures: dict, baseline: dict) -> list[dict]:
 
 
 def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
-            figures: dict, details: dict, logs: Path) -> None:
+            figures: dict, details: dict, logs: Path, capacity: float | None) -> None:
     """Every figure of every tree into `figures` ({label: {figure: value}}), the details behind
-    them into `details`, as they come (a run cut short keeps what it measured)."""
-    have_gpu = gpu_name() != "unknown"
+    them into `details`, as they come (a run cut short keeps what it measured). `capacity`:
+    the items/s the sweeps refer to where the engine rows are skipped (None: measure them)."""
     for tree in trees:
-        if have_gpu:
+        if capacity is None and gpu_name() != "unknown":
             figures[tree.label].update(engine_figures(tree, quick, out_dir))
     apps = [App(t, "bf16") for t in trees] + ([] if quick else [App(t, "fp8") for t in trees])
     running = start(apps)
@@ -385,7 +388,8 @@ def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
                 figures[app.tree.label][f"{key}_p99_ms"] = res["latency_ms"]["p99"]
         for app in apps:
             label, figs = app.tree.label, figures[app.tree.label]
-            engine = figs[f"engine_{app.precision}_items_per_s"] or DEFAULT_CAPACITY_ITEMS_PER_S
+            engine = (figs[f"engine_{app.precision}_items_per_s"] or capacity
+                      or DEFAULT_CAPACITY_ITEMS_PER_S)
             res = asyncio.run(sweep(running.url, app, engine, quick))
             details[label][f"sweep_{app.precision}"] = res
             figs[f"http_text_{app.precision}_items_per_s"] = res["items_per_s"]
@@ -406,7 +410,13 @@ def main() -> int:
     global CONFIG, MODEL  # noqa: PLW0603 - one run's settings, read by the steps above
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the quick set (module docstring)")
-    p.add_argument("--baseline", help="also measure this commit's tree (.ab/COMMIT)")
+    p.add_argument("--baseline", help="also measure this commit's tree (.ab/COMMIT); a comma "
+                   "list: several, the first being `baseline` in the JSON, the others "
+                   "`more_baselines`")
+    p.add_argument("--no-engine", action="store_true", help="skip the offline engine rows "
+                   "(not measured); the sweeps then offer shares of --capacity")
+    p.add_argument("--capacity", type=float, default=DEFAULT_CAPACITY_ITEMS_PER_S,
+                   help="items/s the sweeps' shares refer to where the engine is not measured")
     p.add_argument("--commit", help="the commit of this tree (default: $COMMIT, else git HEAD)")
     p.add_argument("--lone-requests", type=int, default=40,
                    help="measured sporadic requests per tree and shape")
@@ -419,8 +429,9 @@ def main() -> int:
         sys.exit(f"{MODEL} is missing: python -m tools.random_model")
     commit = args.commit or os.environ.get("COMMIT") or git_commit()
     trees = [Tree("head", REPO_ROOT, commit)]
-    if args.baseline:
-        trees.append(Tree("base", baseline_tree(args.baseline), args.baseline))
+    baselines = args.baseline.split(",") if args.baseline else []
+    for k, other in enumerate(baselines):
+        trees.append(Tree("base" if k == 0 else f"base{k + 1}", baseline_tree(other), other))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # `timeout` stops a run with SIGTERM: leave through the finally blocks (the service is
     # stopped, what was measured written)
@@ -432,17 +443,21 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="headline-engine-") as tmp:
             measure(trees, args.quick, Path(tmp), args.lone_requests, figures, details,
-                    args.out.with_name(args.out.stem + "_service.log"))
+                    args.out.with_name(args.out.stem + "_service.log"),
+                    None if args.no_engine else args.capacity)
         complete = True
     finally:  # what was measured is written, also when a step failed
-        doc = {"gpu": gpu_name(), "commit": commit, "baseline": args.baseline,
+        doc = {"gpu": gpu_name(), "commit": commit, "baseline": baselines[0] if baselines else None,
                "command": " ".join(["python -m loadtest.headline", *sys.argv[1:]]),
                "quick": args.quick, "complete": complete,
                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "seconds": round(time.monotonic() - started),
                "figures": figures["head"],
                "baseline_figures": figures.get("base"),
-               "diff": diff_rows(figures["head"], figures["base"]) if args.baseline else None,
+               "diff": diff_rows(figures["head"], figures["base"]) if baselines else None,
+               "more_baselines": [{"commit": t.commit, "figures": figures[t.label],
+                                   "diff": diff_rows(figures["head"], figures[t.label])}
+                                  for t in trees[2:]],
                "details": details}
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\nheadline at {commit} on {doc['gpu']} ({doc['seconds']} s); wrote {args.out}")

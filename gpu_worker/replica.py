@@ -57,7 +57,7 @@ def start_scorer(config: AppConfig, scheduler: SchedulerConfig | None = None,
     # Before ready: a new request shape must not wait on a compile (a new replica neither).
     warm_up(engine, budget.tokens, config.limits.max_seq_tokens)
     loop = Scheduler(engine, scheduler or config.scheduler, batch_token_budget=budget.tokens,
-                     adapters=adapters)
+                     adapters=adapters, capacity_tokens_per_s=budget.capacity_tokens_per_s)
     loop.start()
     return Scorer(engine, budget, loop)
 

@@ -4,7 +4,8 @@ Each turn packs waiting tasks into a batch under a token budget, launches it, an
 finishes the previous batch (docs/ARCHITECTURE.md, "The scheduler"): the device works on batch
 N+1 while the host reads batch N's results. With overlap=False the same code finishes every
 batch right after launching it. `run_job` is the replica's event-loop side: admission against
-the queued-token limit, then one future per sequence, settled from the loop thread.
+the queue-wait bound in seconds of the measured throughput (docs/ARCHITECTURE.md, "Load
+control"), then one future per sequence, settled from the loop thread.
 
 Tasks, their callbacks, cancellation and clocks live here; the engine it drives (`BatchEngine`,
 gpu_worker/engine.py) sees only packed sequences and label ids. This module imports no torch.
@@ -118,6 +119,30 @@ class QueueDepth:
         return QueueDepth(*(sum(getattr(d, f.name) for d in depths) for f in fields(QueueDepth)))
 
 
+# A batch of at least this share of the budget measures the device's throughput: smaller ones
+# are launch-bound and would read the capacity low.
+FULL_BATCH_SHARE = 0.5
+THROUGHPUT_SMOOTHING = 0.3  # weight of the newest full batch in the moving average
+
+
+@dataclass(slots=True)
+class Throughput:
+    """Tokens per second the device computes in full batches: the warm-up probe's rate at first
+    (0.0 where not measured: CPU), then a moving average over the full batches this loop ran.
+    Written by the loop thread, read by the event loop (one float)."""
+
+    tokens_per_s: float
+    full_batch_tokens: int
+
+    def observe(self, tokens: int, busy_s: float) -> None:
+        if tokens < self.full_batch_tokens or busy_s <= 0:
+            return
+        rate = tokens / busy_s
+        self.tokens_per_s = (rate if not self.tokens_per_s else
+                             (1 - THROUGHPUT_SMOOTHING) * self.tokens_per_s
+                             + THROUGHPUT_SMOOTHING * rate)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
     """One finished (or failed) batch, for metrics."""
@@ -131,11 +156,13 @@ class BatchRecord:
 
 class Scheduler:
     def __init__(self, engine: BatchEngine, cfg: SchedulerConfig,
-                 batch_token_budget: int, adapters: AdapterSlots | None = None) -> None:
+                 batch_token_budget: int, adapters: AdapterSlots | None = None,
+                 capacity_tokens_per_s: float = 0.0) -> None:
         """`batch_token_budget`: tokens per batch, resolved from the YAML's cap
         (`cfg.max_batch_tokens`, 0 = from free memory) by Engine.measure_budget. `adapters`:
         the engine's adapter slots, which this loop fills on first use (tasks name adapters);
-        None: tasks name slots."""
+        None: tasks name slots. `capacity_tokens_per_s`: the warm-up probe's rate (0.0: not
+        measured), where the throughput estimate starts."""
         if batch_token_budget <= 0:
             raise ValueError(f"batch_token_budget must be a resolved token count (> 0), not "
                              f"{batch_token_budget}")
@@ -143,8 +170,10 @@ class Scheduler:
         self.batch_token_budget = batch_token_budget
         self.max_batch_sequences = cfg.max_batch_sequences
         self.overlap = cfg.overlap
-        self.max_queued_tokens = cfg.max_queued_tokens
         self.max_queue_wait_s = cfg.max_queue_wait_s
+        self.throughput = Throughput(capacity_tokens_per_s,
+                                     int(FULL_BATCH_SHARE * batch_token_budget))
+        self._last_done = 0.0  # time.perf_counter() when the last batch's results were read
         self._incoming: queue.SimpleQueue[tuple[ScoreTask, ...]] = queue.SimpleQueue()
         self._waiting: collections.deque[ScoreTask] = collections.deque()
         self.adapters = adapters
@@ -180,19 +209,25 @@ class Scheduler:
         """Submit every sequence of a job and wait for all: per sequence, items × label log-probs,
         with the time the job waited for its first launch and the time from there to its end.
 
-        Admission: with `max_queued_tokens` > 0 a job that would push the tokens waiting past it
-        raises ScorerOverloaded (nothing is queued). A job always gets in when nothing waits, so a
-        request larger than the limit is slow, never refused forever. With `max_queue_wait_s`
-        > 0 a job none of whose sequences has started that long after it arrived fails with
-        ScorerOverloaded, its sequences dropped unscored; once one has started, the rest run.
+        Admission, with `max_queue_wait_s` > 0: a job that could not start within it, the
+        tokens ahead of it (queued and in flight) being more than the throughput computes in
+        that time (`queue_bound_tokens`; until a rate is known, none is refused here), raises
+        ScorerOverloaded, nothing queued. A job always gets in when nothing waits, so a
+        request larger than the bound is slow, never refused forever. A job none of whose
+        sequences has started `max_queue_wait_s` after it arrived (the estimate was wrong)
+        fails the same way, its sequences dropped unscored; once one has started, the rest
+        run.
         """
-        queued = self.depth().queued_tokens
+        depth = self.depth()
         tokens = sum(seq.num_tokens for seq in job.sequences)
-        if self.max_queued_tokens > 0 and queued > 0 and queued + tokens > self.max_queued_tokens:
+        ahead = depth.queued_tokens + depth.inflight_tokens
+        bound = self.queue_bound_tokens()
+        if bound is not None and depth.queued_tokens > 0 and ahead > bound:
             with self._lock:
                 self.refused_tokens += tokens
-            raise ScorerOverloaded(f"{queued} tokens already queued (limit "
-                                   f"{self.max_queued_tokens})")
+            raise ScorerOverloaded(
+                f"{ahead} tokens ahead, more than {self.max_queue_wait_s:g} s of work at "
+                f"{self.throughput.tokens_per_s:.0f} tokens/s")
         loop = asyncio.get_running_loop()
         arrived = time.monotonic()
         futures, tasks, start = [], [], JobStart()
@@ -213,6 +248,13 @@ class Scheduler:
         first_launch = min((t.launched for t in tasks), default=arrived)
         return ScoredJob(results, queued_s=first_launch - arrived,
                          computed_s=time.monotonic() - first_launch)
+
+    def queue_bound_tokens(self) -> int | None:
+        """Tokens that may be ahead of a job admitted now: what the measured throughput computes
+        in max_queue_wait_s. None: no bound, or no rate known yet (a CPU replica before its
+        first full batch), when only the wait itself refuses (a job not started in time)."""
+        rate = self.throughput.tokens_per_s
+        return int(rate * self.max_queue_wait_s) if rate and self.max_queue_wait_s > 0 else None
 
     def start(self) -> None:
         self._thread.start()
@@ -362,6 +404,11 @@ class Scheduler:
             self._settle(tasks, exc)
             return
         self.batches_run += 1
+        done = time.perf_counter()
+        # The device worked on it from its launch, or from the previous batch's end if later.
+        self.throughput.observe(sum(t.num_tokens for t in tasks),
+                                done - max(launched.started, self._last_done))
+        self._last_done = done
         self._record(tasks, launched.started, None)
         self._settle(tasks, results)
 

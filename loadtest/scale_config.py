@@ -32,7 +32,7 @@ def variant(mode: str) -> dict:
         worker["num_replicas"] = scorers
     elif mode == "auto":
         scorers = worker["autoscaling_config"]["max_replicas"]
-        config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 4_000_000
+        config["applications"][0]["args"]["scheduler"]["max_queue_wait_s"] = 10
     else:
         raise SystemExit(f"mode must be fixed1, fixed2, fixed4 or auto, not {mode!r}")
     ingress["num_replicas"] = per_scorer * scorers

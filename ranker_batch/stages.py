@@ -65,7 +65,7 @@ class Score:
 
         app = AppConfig.model_validate(config)
         # Offline: every row waits its turn; nothing is refused for queueing.
-        offline = app.scheduler.model_copy(update={"max_queued_tokens": 0, "max_queue_wait_s": 0})
+        offline = app.scheduler.model_copy(update={"max_queue_wait_s": 0})
         self.scorer = start_scorer(app, offline)
         self.path = RequestPath(app)
         self.kind, self.id_column = kind, id_column

@@ -7,7 +7,6 @@
     ├── limits     Limits           what one request may be (ingress; max_seq_tokens: both sides)
     ├── engine     EngineConfig     how a scorer replica computes (device, dtype, kernels)
     ├── scheduler  SchedulerConfig  how a scorer replica batches and admits work
-    ├── admission  AdmissionConfig  how many requests the ingress admits per running scorer
     ├── rerank     RerankConfig     the prompt template of /v1/rerank and /v2/rerank (ingress;
     │                               the scorer too for classifier_from_labels)
     └── auth       AuthConfig       where the API keys are, when callers need one (ingress)
@@ -172,18 +171,28 @@ class SchedulerConfig(_Settings):
                                   "requests; 0: derived from free GPU memory alone")
     max_batch_sequences: int = Field(256, gt=0)
     overlap: bool = Field(True, description="launch batch N+1 before finishing batch N")
-    max_queued_tokens: int = Field(0, ge=0, description="per replica; a job beyond → 503; "
-                                   "0 = no limit")
-    max_queue_wait_s: float = Field(0, ge=0, description="a sequence not launched this long after "
-                                    "it arrived is answered 503, never computed late; 0 = no bound")
+    max_queue_wait_s: float = Field(
+        0, ge=0, description="the load bound (docs/ARCHITECTURE.md, 'Load control'): a job that "
+        "could not start within it at the replica's measured throughput is answered 503 at "
+        "once, and one that waited longer anyway too, never computed late; 0 = no bound")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data):
+        if isinstance(data, dict) and "max_queued_tokens" in data:
+            raise ValueError(REMOVED["scheduler.max_queued_tokens"])
+        return data
 
 
-class AdmissionConfig(_Settings):
-    requests_per_scorer: int = Field(
-        0, ge=0, description="requests the ingress replicas together hold per RUNNING scorer "
-        "replica; each ingress replica admits its share, ceil(this × scorers ÷ ingress "
-        "replicas), and answers one more 503 before reading it; it follows the autoscaler "
-        "within a second. 0 = off: only the ingress deployment's max_ongoing_requests")
+# Settings that went away, and what replaced them: a config that still sets one fails at start.
+REMOVED = {
+    "scheduler.max_queued_tokens": "scheduler.max_queued_tokens was removed: the queue is bounded "
+    "in seconds of the measured throughput by scheduler.max_queue_wait_s (docs/ARCHITECTURE.md, "
+    "'Load control')",
+    "admission": "admission (requests_per_scorer) was removed: each scorer refuses what could not "
+    "start within scheduler.max_queue_wait_s, and the ingress sheds before reading a request "
+    "while the scorers refuse (docs/ARCHITECTURE.md, 'Load control')",
+}
 
 
 class RerankPrompt(_Settings):
@@ -385,9 +394,15 @@ class AppConfig(_Settings):
     limits: Limits = Limits()
     engine: EngineConfig = EngineConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
-    admission: AdmissionConfig = AdmissionConfig()
     rerank: RerankConfig = RerankConfig()
     auth: AuthConfig = AuthConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data):
+        if isinstance(data, dict) and "admission" in data:
+            raise ValueError(REMOVED["admission"])
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:

@@ -18,7 +18,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoredJob, ScoreJob
-from serve_app.admission import Admission, ReplicaCounts
 from serve_app.auth import KEY_ID_SCOPE, NO_KEY, REFUSED_KEY, KeyStore, RequireApiKey, require_keys
 from serve_app.docs_page import add_offline_docs
 from serve_app.metrics import (
@@ -41,6 +40,7 @@ from serve_app.protocol import (
     ScoreResponse,
 )
 from serve_app.requests import ServedModels
+from serve_app.shedding import Shedding
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,6 @@ REPLICA_LOST_BACKOFF_S = 0.25
 # timeout, where the client should get a 503 at once.
 SCORER_CHECK_S = 1.0
 
-INGRESS_DEPLOYMENT = "ScoreIngress"  # this class's deployment: Serve names it after the class
 
 DEFAULT_OPTIONS = {
     "max_ongoing_requests": 256,
@@ -113,46 +112,29 @@ def _no_scorer(reason: str) -> ApiError:
 
 
 class ScorerWatch:
-    """How many replicas of the scorer and of this ingress deployment Serve's controller counts
-    RUNNING (`counts`); asked at most once per SCORER_CHECK_S for all of this replica's requests:
-    while a job waits (`any_running`), and in the background while requests come (`refresh_soon`)
-    so that admission follows the scorers."""
+    """Whether Serve's controller counts any scorer replica RUNNING; asked only for a job not
+    answered within SCORER_CHECK_S, and at most once per SCORER_CHECK_S for all of this
+    replica's requests. Never on the way of a request that is answered in time: the call to
+    the controller costs an idle request milliseconds (docs/ARCHITECTURE.md, "Load control")."""
 
-    def __init__(self, worker: DeploymentHandle, ingress_deployment: str) -> None:
+    def __init__(self, worker: DeploymentHandle) -> None:
         self.app, self.deployment = worker.app_name, worker.deployment_name
-        self.ingress_deployment = ingress_deployment
-        self.counts = ReplicaCounts()  # updated in place: Admission reads the same object
-        self._known = True  # the last ask was answered
+        self._running: int | None = None  # None: not known (never refuse on a guess)
         self._lock = asyncio.Lock()
         self._asked = float("-inf")
-        self._refreshing: asyncio.Task | None = None
 
     async def any_running(self) -> bool:
-        await self._refresh()
-        return self.counts.scorers > 0 or not self._known  # never refuse on a guess
-
-    def refresh_soon(self) -> None:
-        """Ask again in the background if the last answer is older than SCORER_CHECK_S."""
-        stale = time.monotonic() - self._asked >= SCORER_CHECK_S
-        if stale and (self._refreshing is None or self._refreshing.done()):
-            self._refreshing = asyncio.ensure_future(self._refresh())
-
-    async def _refresh(self) -> None:
         async with self._lock:
             if time.monotonic() - self._asked >= SCORER_CHECK_S:
-                counts = await asyncio.to_thread(self._ask)
-                self._known = counts is not None
-                if counts is not None:
-                    self.counts.scorers, self.counts.ingresses = counts.scorers, counts.ingresses
+                self._running = await asyncio.to_thread(self._ask)
                 self._asked = time.monotonic()
+        return self._running is None or self._running > 0
 
-    def _ask(self) -> ReplicaCounts | None:
+    def _ask(self) -> int | None:
         try:  # serve.status() is a blocking call to the controller: run in a thread
             deployments = serve.status().applications[self.app].deployments
-            return ReplicaCounts(
-                scorers=deployments[self.deployment].replica_states.get("RUNNING", 0),
-                ingresses=deployments[self.ingress_deployment].replica_states.get("RUNNING", 0))
-        except Exception:  # noqa: BLE001 - not known: keep the last counts
+            return deployments[self.deployment].replica_states.get("RUNNING", 0)
+        except Exception:  # noqa: BLE001 - not known
             logger.warning("could not read the replica states", exc_info=True)
             return None
 
@@ -218,9 +200,8 @@ class ScoreIngress:
         if keys is not None:
             keys.on_reload = self.metrics.declare_keys
         require_keys(keys, self._refused)
-        self.scorers = ScorerWatch(worker, INGRESS_DEPLOYMENT)
-        self.admission = (Admission(config.admission.requests_per_scorer, self.scorers.counts)
-                          if config.admission.requests_per_scorer else None)
+        self.scorers = ScorerWatch(worker)
+        self.shedding = Shedding()
 
     @app.post(SCORE, response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
               responses=_ERROR_RESPONSES)
@@ -241,10 +222,10 @@ class ScoreIngress:
         """Request, error and latency metrics around the pipeline of route `path`."""
         started = time.perf_counter()
         status, error_type = 500, "InternalServerError"
-        admitted = False
         seen = _Seen()
         try:
-            admitted = self._admit()
+            if self.shedding.shed():  # far past capacity: not even read (serve_app/shedding.py)
+                raise _at_capacity(1, "shedding")
             response = await self._pipeline(path, request, started, seen)
             status, error_type = response.status_code, None
             return response
@@ -255,21 +236,9 @@ class ScoreIngress:
             status, error_type = CANCELLED_STATUS, CANCELLED_TYPE
             raise
         finally:
-            if admitted:
-                self.admission.leave()
             self.metrics.answered(path, status, time.perf_counter() - started, error_type,
                                   key=request.scope.get(KEY_ID_SCOPE, NO_KEY), model=seen.model,
                                   items=seen.items)
-
-    def _admit(self) -> bool:
-        """True when this request holds an admission slot (to leave); False with admission off;
-        a 503 past this replica's share of the running scorers' (serve_app/admission.py)."""
-        if self.admission is None:
-            return False
-        self.scorers.refresh_soon()
-        if not self.admission.try_enter():
-            raise _at_capacity(1, "admission")
-        return True
 
     def _refused(self, path: str) -> None:
         # Counted for the scoring routes only: an unknown path must not become a label value.
@@ -322,6 +291,7 @@ class ScoreIngress:
             try:
                 result = await _answer(self.worker.score.remote(job), self.scorers)
             except BackPressureError as exc:  # Serve's queue in front of the scorers is full
+                self.shedding.answered(refused=True)
                 raise _at_capacity(exc.retry_after_s) from None
             except DeploymentUnavailableError:  # the scorer deployment failed to deploy
                 raise _no_scorer("the scorer deployment failed") from None
@@ -341,7 +311,9 @@ class ScoreIngress:
             except Exception as exc:  # noqa: BLE001 - anything else is the server's fault
                 logger.exception("scoring failed")
                 raise ApiError(500, f"scoring failed: {type(exc).__name__}") from None
-            if isinstance(result, ScorerOverloaded):  # the scorer's answer, not a failure
+            overloaded = isinstance(result, ScorerOverloaded)
+            self.shedding.answered(refused=overloaded)
+            if overloaded:  # the scorer's answer, not a failure
                 logger.info("refused: %s", result)
                 raise _at_capacity(result.retry_after_s, str(result))
             return result

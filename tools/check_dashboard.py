@@ -50,9 +50,11 @@ SMALL = Workload(query_len=40, items=4, item_len=40, vocab=VOCAB)  # ~200 tokens
 TEXT = Workload(query_len=40, items=4, item_len=40, vocab=VOCAB, text="natural")
 # ~1,650 tokens in two sequences (max_seq_tokens 1024): about 0.4 s of scorer work each
 LARGE = Workload(query_len=40, items=8, item_len=200, vocab=VOCAB)
-MAX_QUEUED_TOKENS = 8192  # a burst of BURST large requests overflows it; the drop scene doesn't
+# The scorer's load bound: a burst of BURST large requests (~10 s of work) passes it, the
+# FILLS of the drop scene (~3 s) don't
+MAX_QUEUE_WAIT_S = 5
 BURST = 12
-FILLS = 4  # large requests queued ahead of the abandoned ones (within MAX_QUEUED_TOKENS)
+FILLS = 4  # large requests queued ahead of the abandoned ones (within MAX_QUEUE_WAIT_S)
 DROP_ROUNDS = 4
 METRICS_REPORT_S = 1.5  # the scorer publishes every 0.5 s, Ray exports every 1 s (FAST_METRICS_ENV)
 TRICKLE_RPS = 1.5  # well below what one scorer does on a busy 2-core box
@@ -356,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     find_prometheus()  # fail before starting anything when it is missing
     with tempfile.TemporaryDirectory(prefix="small-model-") as model:
         config = small_model_config(make_random_model(Path(model), "small"))
-        config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = MAX_QUEUED_TOKENS
+        config["applications"][0]["args"]["scheduler"]["max_queue_wait_s"] = MAX_QUEUE_WAIT_S
         return check(config)
 
 

@@ -16,6 +16,7 @@ from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoredJob, ScoreJob, pack_plain
 from serve_app.ingress import ScoreIngress
 from serve_app.protocol import ApiError
+from serve_app.shedding import Shedding
 
 RESULT = ScoredJob([[[-0.5, -1.5]]], queued_s=0.001, computed_s=0.002)
 
@@ -91,7 +92,7 @@ class _PendingHandle:
 def _ingress(handle, scorers: _Scorers | None = None) -> SimpleNamespace:
     # The method only needs these attributes; the Serve-wrapped class is not built outside Serve.
     return SimpleNamespace(worker=handle, metrics=SimpleNamespace(retries=_Count()),
-                           scorers=scorers or _Scorers())
+                           scorers=scorers or _Scorers(), shedding=Shedding())
 
 
 def _call(ingress: SimpleNamespace):
@@ -118,11 +119,11 @@ def test_scorer_backpressure_is_503_with_retry_after():
     assert err.status == 503 and err.headers == {"Retry-After": "2"}
 
 
-def test_full_token_queue_is_503_with_retry_after():
-    err = _error(ScorerOverloaded("9000 tokens already queued (limit 8192)"))
+def test_a_scorer_refusal_is_503_with_retry_after():
+    err = _error(ScorerOverloaded("9000 tokens ahead, more than 0.5 s of work"))
     assert err.status == 503 and err.headers == {"Retry-After": "1"}
     assert err.message == ("the scorer replicas are at capacity; retry later (9000 tokens "
-                           "already queued (limit 8192))")
+                           "ahead, more than 0.5 s of work)")
 
 
 @pytest.mark.parametrize("lost", [ActorDiedError(), ActorUnavailableError("gone", b"\0" * 16)],

@@ -2,7 +2,8 @@
 
 Admission control has two layers: the ingress takes at most MAX_ONGOING requests plus
 MAX_QUEUED waiting at the HTTP proxy (Serve answers the rest 503 + Retry-After before any of our
-code runs), and a scorer refuses jobs beyond `max_queued_tokens` (503 from the ingress).
+code runs), and a scorer refuses jobs that could not start within `max_queue_wait_s` (503 from
+the ingress).
 API keys are on (read from an environment variable, auth.api_keys_env): every request sends one,
 so the key check is part of the load measured here.
 """
@@ -39,7 +40,8 @@ GOODPUT_MARGIN = 0.6
 @pytest.fixture(scope="module")
 def service(small_model):
     config = tooling.small_model_config(small_model)
-    config["applications"][0]["args"]["scheduler"]["max_queued_tokens"] = 16384
+    # the six fills of the drop scene (~10k tokens, ~5 s of work) start within the bound
+    config["applications"][0]["args"]["scheduler"]["max_queue_wait_s"] = 10
     config["applications"][0]["args"]["auth"] = {"api_keys_env": KEYS_ENV}
     tooling.deployment(config, "ScoreIngress").update(
         max_ongoing_requests=MAX_ONGOING, max_queued_requests=MAX_QUEUED,

@@ -1,4 +1,5 @@
-"""Admission control and health of a scorer replica, without Serve, on a fake engine
+"""Admission control (the queue-wait bound in seconds of the measured throughput) and health of
+a scorer replica, without Serve, on a fake engine
 (tests/cpu/fake_engine.py): admission and health do not depend on what the engine computes."""
 
 import asyncio
@@ -6,14 +7,16 @@ import asyncio
 import pytest
 
 from gpu_worker.deployment import ScoreWorker
-from gpu_worker.scheduler import Scheduler, ScoreTask
+from gpu_worker.scheduler import THROUGHPUT_SMOOTHING, Scheduler, ScoreTask, Throughput
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoreJob, pack_plain
 from tests.cpu.fake_engine import FakeEngine
 
 LABELS = [0, 5]
-LIMITED = SchedulerConfig(max_batch_sequences=8, max_queued_tokens=100)
+# a bound of 1 s at 100 tokens/s: 100 tokens may be ahead of a job admitted
+LIMITED = SchedulerConfig(max_batch_sequences=8, max_queue_wait_s=1.0)
+RATE = 100.0
 BUDGET = 1000  # tokens per batch
 
 
@@ -21,24 +24,28 @@ def _job(tokens: int) -> ScoreJob:
     return ScoreJob([pack_plain(list(range(3, 3 + tokens)), 0)], LABELS)
 
 
-def test_job_past_the_queued_token_limit_is_refused_without_queueing():
+def test_job_that_could_not_start_within_the_bound_is_refused_without_queueing():
     # The loop is not started, so everything submitted stays queued.
-    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET)
+    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET,
+                          capacity_tokens_per_s=RATE)
+    assert scheduler.queue_bound_tokens() == 100
 
     async def scenario():
         first = asyncio.ensure_future(scheduler.run_job(_job(60)))
         await asyncio.sleep(0)  # let it enqueue
-        assert scheduler.depth().queued_tokens == 60
-        with pytest.raises(ScorerOverloaded, match="60 tokens already queued"):
-            await scheduler.run_job(_job(41))
-        assert scheduler.depth().queued_tokens == 60  # the refused job left nothing behind
-        assert scheduler.refused_tokens == 41  # but its demand is counted for the autoscaler
-        second = asyncio.ensure_future(scheduler.run_job(_job(40)))
+        second = asyncio.ensure_future(scheduler.run_job(_job(40)))  # 60 ahead: starts in time
         await asyncio.sleep(0)
-        assert scheduler.depth().queued_tokens == 100  # exactly at the limit is accepted
+        third = asyncio.ensure_future(scheduler.run_job(_job(1)))  # 100 ahead: starts at 1 s
+        await asyncio.sleep(0)
+        assert scheduler.depth().queued_tokens == 101
+        with pytest.raises(ScorerOverloaded, match="101 tokens ahead, more than 1 s of work "
+                           "at 100 tokens/s"):
+            await scheduler.run_job(_job(1))
+        assert scheduler.depth().queued_tokens == 101  # the refused job left nothing behind
+        assert scheduler.refused_tokens == 1  # but its demand is counted for the autoscaler
         scheduler.start()
-        results = await asyncio.wait_for(asyncio.gather(first, second), timeout=30)
-        assert [len(r.results[0]) for r in results] == [1, 1]
+        results = await asyncio.wait_for(asyncio.gather(first, second, third), timeout=30)
+        assert [len(r.results[0]) for r in results] == [1, 1, 1]
 
     try:
         asyncio.run(scenario())
@@ -46,12 +53,49 @@ def test_job_past_the_queued_token_limit_is_refused_without_queueing():
         scheduler.stop()
 
 
-def test_job_larger_than_the_limit_gets_in_when_nothing_waits():
-    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET)
+def test_job_larger_than_the_bound_gets_in_when_nothing_waits():
+    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET,
+                          capacity_tokens_per_s=RATE)
     scheduler.start()
     try:
         result = asyncio.run(scheduler.run_job(_job(150)))
         assert len(result.results) == 1
+    finally:
+        scheduler.stop()
+
+
+def test_until_a_rate_is_measured_only_the_wait_refuses():
+    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET)  # CPU: no probe
+    assert scheduler.throughput.tokens_per_s == 0.0 and scheduler.queue_bound_tokens() is None
+
+    async def scenario():
+        jobs = [asyncio.ensure_future(scheduler.run_job(_job(BUDGET))) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert scheduler.depth().queued_tokens == 3 * BUDGET  # far past a bound: none refused
+        for job in jobs:
+            job.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_the_rate_follows_full_batches_only():
+    throughput = Throughput(tokens_per_s=0.0, full_batch_tokens=500)
+    throughput.observe(100, 0.001)  # a small batch: launch-bound, it says nothing of capacity
+    assert throughput.tokens_per_s == 0.0
+    throughput.observe(1000, 1.0)
+    assert throughput.tokens_per_s == 1000.0  # the first full batch sets it
+    throughput.observe(1000, 0.5)  # then a moving average: THROUGHPUT_SMOOTHING of the newest
+    assert throughput.tokens_per_s == pytest.approx(1000 + THROUGHPUT_SMOOTHING * 1000)
+
+
+def test_the_loop_measures_its_batches():
+    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET)
+    scheduler.start()
+    try:
+        asyncio.run(scheduler.run_job(ScoreJob([pack_plain(list(range(3, 403)), 0)] * 2,
+                                               LABELS)))  # 800 tokens: a full batch
+        assert scheduler.throughput.tokens_per_s > 0
+        assert scheduler.queue_bound_tokens() == int(scheduler.throughput.tokens_per_s)
     finally:
         scheduler.stop()
 

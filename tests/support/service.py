@@ -9,10 +9,10 @@ from tools.service import Service, deployment
 
 
 def without_refusals(config: dict) -> dict:
-    """No admission limit anywhere (scorer token queue and wait, ingress proxy queue): for
+    """No admission limit anywhere (the scorer's queue-wait bound, ingress proxy queue): for
     tests where a 503 would hide a lost request or stop the load that scaling needs. Edits
     in place."""
-    config["applications"][0]["args"]["scheduler"].update(max_queued_tokens=0, max_queue_wait_s=0)
+    config["applications"][0]["args"]["scheduler"].update(max_queue_wait_s=0)
     ingress = deployment(config, "ScoreIngress")
     ingress.update(max_ongoing_requests=1024)
     for key in ("max_queued_requests", "backpressure_config"):

@@ -287,10 +287,11 @@ async def lone_requests(url: str, apps: list[App], items: int, requests: int) ->
     return {a.name: r for a, r in zip(apps, results)}
 
 
-async def sweep(url: str, app: App, capacity_items_per_s: float, quick: bool) -> dict:
+async def sweep(url: str, app: App, capacity_items_per_s: float, shares: list[float],
+                seconds: float) -> dict:
     workload = text_workload(**BENCH)
-    rates = [round(share * capacity_items_per_s / BENCH["items"], 1) for share in SWEEP_SHARES]
-    cfg = RateConfig(0.0, duration_s=10.0 if quick else 15.0, warmup_s=3.0, seed=app.name)
+    rates = [round(share * capacity_items_per_s / BENCH["items"], 1) for share in shares]
+    cfg = RateConfig(0.0, duration_s=seconds, warmup_s=3.0, seed=app.name)
     async with make_session() as session:
         res = await run_sweep(session, f"{url}/{app.name}", workload, cfg, P99_BOUND_MS,
                               rates=rates, progress=False,
@@ -362,7 +363,8 @@ def diff_rows(figures: dict, baseline: dict) -> list[dict]:
 
 
 def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
-            figures: dict, details: dict, logs: Path, capacity: float | None) -> None:
+            figures: dict, details: dict, logs: Path, capacity: float | None,
+            sweep_shares: list[float]) -> None:
     """Every figure of every tree into `figures` ({label: {figure: value}}), the details behind
     them into `details`, as they come (a run cut short keeps what it measured). `capacity`:
     the items/s the sweeps refer to where the engine rows are skipped (None: measure them)."""
@@ -390,7 +392,8 @@ def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
             label, figs = app.tree.label, figures[app.tree.label]
             engine = (figs[f"engine_{app.precision}_items_per_s"] or capacity
                       or DEFAULT_CAPACITY_ITEMS_PER_S)
-            res = asyncio.run(sweep(running.url, app, engine, quick))
+            res = asyncio.run(sweep(running.url, app, engine, sweep_shares,
+                                    10.0 if quick else 15.0))
             details[label][f"sweep_{app.precision}"] = res
             figs[f"http_text_{app.precision}_items_per_s"] = res["items_per_s"]
             figs[f"first_refusal_share_{app.precision}"] = res["first_refusal_share"]
@@ -420,6 +423,8 @@ def main() -> int:
     p.add_argument("--commit", help="the commit of this tree (default: $COMMIT, else git HEAD)")
     p.add_argument("--lone-requests", type=int, default=40,
                    help="measured sporadic requests per tree and shape")
+    p.add_argument("--sweep-shares", default=",".join(map(str, SWEEP_SHARES)),
+                   help="the sweep's rates as shares of the engine's items/s")
     p.add_argument("--out", type=Path, default=RESULT)
     p.add_argument("--config", default=CONFIG, help="each tree's config (a path in the tree)")
     p.add_argument("--model", type=Path, default=MODEL, help="the model every tree serves")
@@ -444,7 +449,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="headline-engine-") as tmp:
             measure(trees, args.quick, Path(tmp), args.lone_requests, figures, details,
                     args.out.with_name(args.out.stem + "_service.log"),
-                    None if args.no_engine else args.capacity)
+                    None if args.no_engine else args.capacity,
+                    [float(x) for x in args.sweep_shares.split(",")])
         complete = True
     finally:  # what was measured is written, also when a step failed
         doc = {"gpu": gpu_name(), "commit": commit, "baseline": baselines[0] if baselines else None,

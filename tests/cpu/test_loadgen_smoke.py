@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools import loadgen, ramp
-from tools.http_client import API_KEY_ENV
+from tools.http_client import API_KEY_ENV, make_session
 from tools.prom import ServiceSample, imbalance, scorer_balance
 from tools.stats import (
     Outcome,
@@ -321,6 +321,33 @@ def test_single_smoke(server_url, tmp_path):
     # where the idle time goes: the ingress's Server-Timing stages and the time outside it
     assert {"ingress", "outside"} <= r["stages_ms"].keys()
     assert r["stages_ms"]["ingress"]["p50"] <= r["latency_ms"]["p50"]
+
+
+def test_sporadic_smoke_tells_idle_from_busy_requests(server_url, tmp_path):
+    doc = loadgen.main(["sporadic", "--url", server_url, "--rate", "1", "--requests", "4",
+                        "--warmup-requests", "1", "--out", str(tmp_path / "sporadic.json"),
+                        *SMOL])
+    r = doc["result"]
+    assert doc["config"]["rate"] == 1.0 and r["failed"] == 0
+    assert r["idle"] + r["busy"] == 4  # every measured request, found idle or busy
+    # latency_ms holds the requests that found the service idle, and only those
+    assert (r["latency_ms"]["p50"] is None) == (r["idle"] == 0)
+    assert (r["busy_latency_ms"]["p50"] is None) == (r["busy"] == 0)
+    if r["idle"]:
+        assert r["idle_before_ms"]["p50"] > 0 and "ingress" in r["stages_ms"]
+
+
+def test_sporadic_sends_to_each_url_in_turn(server_url):
+    async def two():
+        async with make_session() as session:
+            return await loadgen.run_sporadic(session, [server_url, server_url],
+                                              Workload(16, 3, 8, (10539, 5230), 49152),
+                                              rate=2, requests=2, warmup_requests=0,
+                                              progress=False)
+
+    results = asyncio.run(two())
+    assert len(results) == 2
+    assert all(r["idle"] + r["busy"] == 2 and r["failed"] == 0 for r in results)
 
 
 def test_single_smoke_with_text(server_url, tmp_path):

@@ -1,0 +1,80 @@
+"""The headline run's tooling without a GPU: the README's and BENCHMARKS' tables against the
+committed JSON (loadtest/headline_tables.py), the A/B's regression rule and the one Serve config
+that serves every tree (loadtest/headline.py)."""
+
+import json
+
+import pytest
+
+from loadtest import headline, headline_tables
+from loadtest.headline import App, Tree, combined_config, diff_rows
+
+
+def test_the_tables_in_the_docs_are_the_latest_headline_json():
+    doc = json.loads(headline.RESULT.read_text())
+    assert set(headline.FIGURES) <= set(doc["figures"])  # every key, numbers or null
+    assert {"gpu", "commit", "command", "baseline", "figures"} <= set(doc)
+    for name, path in headline_tables.TARGETS.items():
+        written = headline_tables.block(path.read_text(), name)
+        assert written == headline_tables.RENDER[name](doc), (
+            f"{path.name} is stale: python -m loadtest.headline_tables")
+
+
+def test_a_figure_not_measured_says_so():
+    doc = {"gpu": "H100", "commit": "abc1234", "measured_at": "2026-11-28T00:00:00Z",
+           "command": "python -m loadtest.headline", "baseline": None,
+           "figures": {"engine_bf16_items_per_s": 2694.6}}
+    table = headline_tables.readme_table(doc)
+    assert "| engine offline, bf16" in table and "2,695 items/s |" in table
+    assert "| a lone request on an idle service, 1 item: p50 | not measured |" in table
+
+
+def test_a_block_needs_both_markers_in_order():
+    start, end = headline_tables.markers("readme")
+    text = f"intro\n{start}\nold\n{end}\nrest\n"
+    new = headline_tables.with_block(text, "readme", "new")
+    assert new == f"intro\n{start}\nnew\n{end}\nrest\n"
+    with pytest.raises(ValueError):
+        headline_tables.block(f"{end}\n{start}\n", "readme")
+    with pytest.raises(ValueError):
+        headline_tables.block("no markers", "readme")
+
+
+def test_the_regression_rule():
+    new = {"engine_bf16_items_per_s": 970.0, "http_text_bf16_items_per_s": 980.0,
+           "sporadic_lone_1item_p50_ms": 11.5, "sporadic_lone_10item_p50_ms": 2.0,
+           "p99_at_half_load_ms": 120.0, "ceiling_items_per_s": 500.0}
+    old = {"engine_bf16_items_per_s": 1000.0, "http_text_bf16_items_per_s": 1000.0,
+           "sporadic_lone_1item_p50_ms": 10.0, "sporadic_lone_10item_p50_ms": 1.5,
+           "p99_at_half_load_ms": 110.0, "ceiling_items_per_s": 1000.0}
+    flagged = {r["figure"]: r["regression"] for r in diff_rows(new, old)}
+    assert flagged == {
+        "engine_bf16_items_per_s": True,  # -3%
+        "http_text_bf16_items_per_s": False,  # -2%
+        "sporadic_lone_1item_p50_ms": True,  # +1.5 ms and +15%
+        "sporadic_lone_10item_p50_ms": False,  # +33% but only +0.5 ms
+        "p99_at_half_load_ms": False,  # +10 ms but only +9%
+        "ceiling_items_per_s": False,  # the machine's, never flagged
+    }
+
+
+def test_every_tree_is_served_from_its_own_code_under_its_own_prefix(tmp_path):
+    other = tmp_path / "base"
+    (other / "configs").mkdir(parents=True)
+    (other / headline.CONFIG).write_text((headline.REPO_ROOT / headline.CONFIG).read_text())
+    apps = [App(Tree("head", headline.REPO_ROOT, "a"), "bf16"),
+            App(Tree("base", other, "b"), "bf16"), App(Tree("head", headline.REPO_ROOT, "a"),
+                                                       "fp8")]
+    config = combined_config(apps, port=18000)
+    assert config["http_options"]["port"] == 18000
+    entries = {e["name"]: e for e in config["applications"]}
+    assert set(entries) == {"head", "base", "head-fp8"}
+    assert entries["base"]["route_prefix"] == "/base"
+    assert entries["base"]["runtime_env"]["working_dir"] == f"local://{other}"
+    assert entries["head"]["runtime_env"]["working_dir"] == f"local://{headline.REPO_ROOT}"
+    assert entries["head-fp8"]["args"]["engine"]["precision"] == "fp8"
+    assert entries["head"]["args"]["model_path"] == str(headline.MODEL)
+    for entry in entries.values():
+        worker = next(d for d in entry["deployments"] if d["name"] == "ScoreWorker")
+        assert worker["ray_actor_options"]["num_gpus"] == pytest.approx(1 / 3)  # one GPU
+        assert worker["num_replicas"] == 1 and "autoscaling_config" not in worker

@@ -1,8 +1,8 @@
 """The project's user-facing tools, and the client libraries they share. Each tool runs as
 `python -m tools.NAME` (`--help` shows its options; its module docstring its usage):
 
-  loadgen          open-loop load generator: run, sweep, overload, single (idle latency and its
-                   Server-Timing stages)
+  loadgen          open-loop load generator: run, sweep, overload, single (back-to-back latency
+                   and its Server-Timing stages), sporadic (a lone request on an idle service)
   ramp             a load ramp in phases with the service's timeline (replicas, queues)
   plot             the PNG of a loadgen sweep's or a ramp's JSON
   fidelity         how much FP8 changes a model's rankings (fidelity_set: its labelled requests)

@@ -70,7 +70,8 @@ FIGURES = {
     "first_refusal_share_bf16": True, "first_refusal_share_fp8": True,
     "sporadic_lone_1item_p50_ms": False, "sporadic_lone_1item_p99_ms": False,
     "sporadic_lone_10item_p50_ms": False, "sporadic_lone_10item_p99_ms": False,
-    "p99_at_half_load_ms": False, "long_10000x64_s": False, "long_100x8000_s": False,
+    "p99_at_half_load_ms": False, "load_control_idle_cost_ms": False,
+    "long_10000x64_s": False, "long_100x8000_s": False,
     "prefix_profile_ratio": True, "service_start_s": False,
 }
 LONG_SHAPES = {"long_10000x64_s": (10_000, 64), "long_100x8000_s": (100, 8_000)}

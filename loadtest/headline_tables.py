@@ -37,6 +37,7 @@ LABELS = {
     "sporadic_lone_10item_p50_ms": ("a lone request on an idle service, 10 items: p50", "ms"),
     "sporadic_lone_10item_p99_ms": ("the same: p99", "ms"),
     "p99_at_half_load_ms": ("P99 at half of the HTTP capacity (bench shape)", "ms"),
+    "load_control_idle_cost_ms": ("load control's cost to a lone request (on vs off)", "ms"),
     "long_10000x64_s": ("rerank of 10,000 documents × 64 words", "s"),
     "long_100x8000_s": ("rerank of 100 documents × 8,000 words", "s"),
     "prefix_profile_ratio": ("prefix cache on ÷ off, profile workload", "ratio"),

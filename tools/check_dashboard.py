@@ -91,7 +91,8 @@ class Traffic:
         self.url, self.session = url, session
         self.answered: Counter[tuple[str, str]] = Counter()  # (route, status) as the ingress sees
         self.items_scored = 0  # items of the answered 200s
-        self.refused = 0  # 503s with the scorer's envelope
+        self.refused = 0  # 503s with the scorer's envelope: refused by a scorer
+        self.shed = 0  # 503s the ingress answered before reading (serve_app/shedding.py)
         self.abandoned = 0  # hung up by the client or timed out (408)
         self.problems: list[str] = []
         self.scenes: dict[str, Counter[int]] = {}  # scene -> statuses (0: hung up), to report
@@ -111,9 +112,12 @@ class Traffic:
         if status == 200:
             self.items_scored += items
         elif status == 503:
-            self.refused += 1
             if not text.startswith('{"error"'):  # Serve's proxy answers in plain text
                 self.problems.append(f"a 503 not from a scorer: {text[:100]}")
+            elif "(shedding)" in text:  # counted by the ingress only: no scorer saw it
+                self.shed += 1
+            else:
+                self.refused += 1
         if status in (0, 408):
             self.abandoned += 1
         self.scenes.setdefault(scene, Counter())[status] += 1
@@ -156,7 +160,7 @@ class Traffic:
         await asyncio.gather(*(self.post("/v1/score", factory.next_bytes(), LARGE.items,
                                          scene="burst") for _ in range(burst)))
         if not self.refused:
-            self.problems.append(f"a burst of {burst} large requests got no 503")
+            self.problems.append(f"a burst of {burst} large requests got no 503 from a scorer")
 
     async def drops(self, metrics_url: str) -> None:
         """Small requests abandoned while queued behind large ones, at a moment set by this
@@ -393,7 +397,7 @@ def check(config: dict) -> int:
         print(f"sent {sent} requests; statuses by scene (0: hung up): "
               + "; ".join(f"{k} {dict(v)}" for k, v in traffic.scenes.items())
               + f"; items scored {traffic.items_scored}, refused {traffic.refused}, "
-              f"abandoned {traffic.abandoned}")
+              f"shed {traffic.shed}, abandoned {traffic.abandoned}")
         wait_for(lambda: total(prom, "sum(ray_ranker_requests_total)") == sent
                  and total(prom, "sum(ray_ranker_items_scored_total)") == traffic.items_scored
                  and total(prom, "sum(ray_ranker_sequences_dropped_total)")

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -48,7 +48,7 @@ import yaml
 from tools import REPO_ROOT, git_commit, gpu_name
 from tools.http_client import make_session
 from tools.loadgen import RateConfig, run_rate, run_sporadic, run_sweep
-from tools.service import free_port, serve_cli
+from tools.service import LocalServer, free_port, serve_cli, stop_service
 from tools.workload import Workload
 
 CONFIG = "configs/score-gpu.yaml"  # every tree's own; --config: another (configs/score.yaml: CPU)
@@ -179,15 +179,10 @@ def combined_config(apps: list[App], port: int) -> dict:
 
 
 @dataclass
-class Running:
-    url: str
-    proc: subprocess.Popen
-    workdir: Path
-    healthy_s: dict[str, float]  # app name -> seconds from `serve run` to its /health 200
+class Running(LocalServer):
+    """`serve run` of every tree's applications (its log: LocalServer.LOG_FILE)."""
 
-    @property
-    def log(self) -> str:
-        return (self.workdir / "serve.log").read_text(errors="replace")
+    healthy_s: dict[str, float] = field(default_factory=dict)  # app -> s to its /health 200
 
 
 def start(apps: list[App]) -> Running:
@@ -202,11 +197,11 @@ def start(apps: list[App]) -> Running:
     # Serve's controller imports this tree's request router (ranker_app) outside any app's
     # runtime_env; each app's replicas put their own tree first (working_dir)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    with open(workdir / "serve.log", "w") as log:
+    with open(workdir / Running.LOG_FILE, "w") as log:
         proc = subprocess.Popen([*serve_cli(), "run", str(workdir / "headline.yaml")],
                                 cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-    running = Running(f"http://127.0.0.1:{port}", proc, workdir, {})
+    running = Running(f"http://127.0.0.1:{port}", proc, workdir)
     started = reported = time.monotonic()
     while len(running.healthy_s) < len(apps) and time.monotonic() - started < START_TIMEOUT_S:
         if proc.poll() is not None:
@@ -223,7 +218,7 @@ def start(apps: list[App]) -> Running:
                   f"{states or status.stdout[-600:]}", flush=True)
         time.sleep(1.0)
     if not running.healthy_s:
-        stop(running)
+        stop_service(running)
         raise RuntimeError(f"no application healthy after {START_TIMEOUT_S} s")
     return running
 
@@ -233,17 +228,6 @@ def _healthy(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def stop(running: Running) -> None:
-    try:
-        os.killpg(running.proc.pid, signal.SIGINT)
-        running.proc.wait(timeout=60)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(running.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def service_logs(running: Running, path: Path) -> None:
@@ -412,7 +396,7 @@ def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
                 figures[app.tree.label].update(long_rerank(running.url, app))
     finally:
         service_logs(running, logs)
-        stop(running)
+        stop_service(running)
 
 
 def main() -> int:

@@ -179,9 +179,7 @@ class SchedulerConfig(_Settings):
     @model_validator(mode="before")
     @classmethod
     def _removed(cls, data):
-        if isinstance(data, dict) and "max_queued_tokens" in data:
-            raise ValueError(REMOVED["scheduler.max_queued_tokens"])
-        return data
+        return refuse_removed(data, "scheduler.")
 
 
 # Settings that went away, and what replaced them: a config that still sets one fails at start.
@@ -193,6 +191,15 @@ REMOVED = {
     "start within scheduler.max_queue_wait_s, and the ingress sheds before reading a request "
     "while the scorers refuse (docs/ARCHITECTURE.md, 'Load control')",
 }
+
+
+def refuse_removed(data, section: str):
+    """`data`, the raw settings of `section` ("scheduler.", "" for the top), unless it sets a
+    key of REMOVED: then the error that names its replacement."""
+    for key in data if isinstance(data, dict) else ():
+        if f"{section}{key}" in REMOVED:
+            raise ValueError(REMOVED[f"{section}{key}"])
+    return data
 
 
 class RerankPrompt(_Settings):
@@ -400,9 +407,7 @@ class AppConfig(_Settings):
     @model_validator(mode="before")
     @classmethod
     def _removed(cls, data):
-        if isinstance(data, dict) and "admission" in data:
-            raise ValueError(REMOVED["admission"])
-        return data
+        return refuse_removed(data, "")
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:

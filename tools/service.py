@@ -184,7 +184,7 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str,
     raise TimeoutError(f"not {what} after {timeout_s} s{tail}")
 
 
-def stop_service(service: Service) -> None:
+def stop_service(service: LocalServer) -> None:
     # Ctrl-C makes `serve run` delete the app and stop the Ray instance it started.
     try:
         os.killpg(service.proc.pid, signal.SIGINT)

@@ -179,7 +179,9 @@ class SchedulerConfig(_Settings):
     @model_validator(mode="before")
     @classmethod
     def _removed(cls, data):
-        return refuse_removed(data, "scheduler.")
+        if isinstance(data, dict) and "max_queued_tokens" in data:
+            raise ValueError(REMOVED["scheduler.max_queued_tokens"])
+        return data
 
 
 # Settings that went away, and what replaced them: a config that still sets one fails at start.
@@ -191,15 +193,6 @@ REMOVED = {
     "start within scheduler.max_queue_wait_s, and the ingress sheds before reading a request "
     "while the scorers refuse (docs/ARCHITECTURE.md, 'Load control')",
 }
-
-
-def refuse_removed(data, section: str):
-    """`data`, the raw settings of `section` ("scheduler.", "" for the top), unless it sets a
-    key of REMOVED: then the error that names its replacement."""
-    for key in data if isinstance(data, dict) else ():
-        if f"{section}{key}" in REMOVED:
-            raise ValueError(REMOVED[f"{section}{key}"])
-    return data
 
 
 class RerankPrompt(_Settings):
@@ -407,7 +400,9 @@ class AppConfig(_Settings):
     @model_validator(mode="before")
     @classmethod
     def _removed(cls, data):
-        return refuse_removed(data, "")
+        if isinstance(data, dict) and "admission" in data:
+            raise ValueError(REMOVED["admission"])
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:

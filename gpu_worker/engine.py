@@ -172,12 +172,11 @@ class Engine:
         return cls(model, device, cfg, lora=lora)
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, overlapped: bool = False, use_cache: bool = True,
+               *, eager: bool = False, use_cache: bool = True,
                adapters: list[int] | None = None) -> Step:
-        """Queue the batch's forward; each sequence is scored on its own label ids.
-        `overlapped`: another batch is still running on the device, so the eager launches
-        hide behind it; a CUDA graph pays only when they would not (its fixed tiles and padding
-        cost more GPU time than the eager kernels; docs/ARCHITECTURE.md, "CUDA graphs").
+        """Queue the batch's forward; each sequence is scored on its own label ids. A batch
+        that fits a captured CUDA graph replays it, busy or idle (docs/ARCHITECTURE.md, "CUDA
+        graphs"); `eager`: never (start-up probes, and tests comparing the two).
         `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache.
         `adapters`: per sequence, the slot of its LoRA adapter (put_adapter; 0 the base); a batch
         with any runs eagerly unless the graphs were captured with LoRA (on Hopper). The prefix
@@ -187,13 +186,13 @@ class Engine:
                                        is None) for slot in adapters):
             raise ValueError(f"adapter slots {sorted(set(adapters))}: this engine holds "
                              f"adapters in {[k + 1 for k, a in enumerate(self.adapters) if a]}")
-        eager = with_lora and not (self.graphs is not None and self.graphs.lora)
-        plan = self.plan(sequences, label_ids_per_sequence, overlapped or eager, use_cache,
+        eager = eager or (with_lora and not (self.graphs is not None and self.graphs.lora))
+        plan = self.plan(sequences, label_ids_per_sequence, eager, use_cache,
                          adapters if with_lora else None)
         return self._replay(plan) if plan.graph is not None else self._run_eager(plan)
 
     def plan(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-             overlapped: bool = False, use_cache: bool = True,
+             eager: bool = False, use_cache: bool = True,
              adapters: list[int] | None = None) -> BatchPlan:
         """Host work only. A batch with a query the prefix cache may keep runs eagerly through
         the cache, idle or not: a graph cannot read or fill it, and a query left out when idle is
@@ -212,7 +211,7 @@ class Engine:
             plan.items_and_labels = [items_and_labels[i] for i in plan.cache.order]
             if adapters:
                 plan.adapters = [adapters[i] for i in plan.cache.order]
-        elif self.graphs is not None and not overlapped:
+        elif self.graphs is not None and not eager:
             plan.graph = self.graphs.pick(sequences, sum(n for n, _ in items_and_labels),
                                           sum(n * labels for n, labels in items_and_labels))
         return plan

@@ -38,8 +38,9 @@ class BatchEngine(Protocol):
     """The device side the loop drives (gpu_worker/engine.py::Engine; tests use a fake)."""
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, overlapped: bool = False, adapters: list[int] | None = None) -> Any:
-        """Queue one batch without waiting for it; returns its step. `adapters`: per sequence,
+               *, adapters: list[int] | None = None) -> Any:
+        """Queue one batch without waiting for it (another may still be running); returns its
+        step. `adapters`: per sequence,
         its LoRA adapter's slot (0: the model itself); None when no sequence has one."""
 
     def finish(self, step: Any) -> list[list[list[float]]]:
@@ -283,7 +284,7 @@ class Scheduler:
             batch = self._pick()
             stuck = not batch
             if batch:
-                launched = self._launch(batch, overlapped=inflight is not None)
+                launched = self._launch(batch)
                 if launched is not None and not self.overlap:
                     self._finish(launched)
                     launched = None
@@ -369,7 +370,7 @@ class Scheduler:
             self._queued.remove(task.num_tokens, 1)
         self._gone([task])
 
-    def _launch(self, batch: list[ScoreTask], overlapped: bool) -> _Launched | None:
+    def _launch(self, batch: list[ScoreTask]) -> _Launched | None:
         started = time.perf_counter()
         launched = time.monotonic()
         for task in batch:
@@ -385,7 +386,6 @@ class Scheduler:
                 batch[:] = [batch[k] for k in order]
                 adapters = [adapters[k] for k in order]
             step = self.engine.launch([t.sequence for t in batch], [t.label_ids for t in batch],
-                                      overlapped=overlapped,
                                       adapters=adapters if any(adapters) else None)
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop
             logger.exception("launching a batch of %d sequences failed", len(batch))

@@ -116,26 +116,26 @@ def measure_budget(engine, max_batch_tokens: int, min_batch_tokens: int,
 
 
 def warm_up(engine, budget_tokens: int, max_seq_tokens: int) -> None:
-    """Run every kernel variant a batch can need once, eagerly as under load, so that nothing
-    compiles on the request path. GPU only."""
+    """Run every kernel variant a batch can need once, eagerly (a batch too large for a CUDA
+    graph runs so), so that nothing compiles on the request path. GPU only."""
     if engine.device.type != "cuda":
         return
     started, compiled = time.perf_counter(), triton_variants()
     for batch in warm_up_batches(budget_tokens, max_seq_tokens):
-        _run(engine, batch, overlapped=True, use_cache=False)
+        _run(engine, batch, eager=True, use_cache=False)
     loaded = [slot for slot, adapter in enumerate(engine.adapters, 1) if adapter]
     if loaded:  # one adapter's run (widened GEMMs: every slot has the same width), then several
         batch = warm_up_batches(budget_tokens, max_seq_tokens)[0]  # (gpu_worker/lora_kernel.py)
-        _run(engine, batch, overlapped=True, use_cache=False,
+        _run(engine, batch, eager=True, use_cache=False,
              adapters=[loaded[0]] * len(batch))
         mixed = [0, *loaded]
-        _run(engine, batch, overlapped=True, use_cache=False,
+        _run(engine, batch, eager=True, use_cache=False,
              adapters=[mixed[k % len(mixed)] for k in range(len(batch))])
     cache = engine.prefix_cache
     if cache is not None:  # then emptied: warm-up never counts as a hit
         for batch in cached_warm_up_batches(budget_tokens, max_seq_tokens, cache.min_tokens,
                                             cache.min_share):
-            _run(engine, batch, overlapped=True)
+            _run(engine, batch, eager=True)
         cache.clear()
     logger.info("warm-up batches ran in %.1f s (%d Triton variants compiled)",
                 time.perf_counter() - started, triton_variants() - compiled)

@@ -16,8 +16,8 @@ fixed rate: the hit rate with the prefix-affinity router, with Serve's default r
 `engine`: no HTTP, any device: the engine of --config with the cache off and on (one model),
 --batch requests per launch, off and on interleaved batch by batch; records items/s of each,
 their ratio, and the largest score difference between them (prefix_engine.json). With --batch
-above 1 every batch launches as the overlapped loop's would (eagerly); with 1, as an idle one
-(a graph where it fits, unless its query is cacheable).
+above 1 every batch launches eagerly (as a batch too large for a CUDA graph); with 1, a graph
+where it fits, unless its query is cacheable.
 Results in --out-dir (default docs/results/prefix_h100/); prints one line per run.
 """
 
@@ -172,11 +172,11 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                     for _ in range(warm + args.requests)]
         batches = [sum(requests[i:i + args.batch], [])
                    for i in range(warm, len(requests), args.batch)]
-        overlapped = args.batch > 1
+        eager = args.batch > 1
         for sequences in requests[:warm]:
             for engine in (off, on):
                 engine.finish(engine.launch(sequences, [[1, 2]] * len(sequences),
-                                            overlapped=overlapped))
+                                            eager=eager))
         seconds, diff = {"off": 0.0, "on": 0.0}, 0.0
         before = on.prefix_cache.stats.lookups()
         for sequences in batches:
@@ -186,7 +186,7 @@ def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
                     torch.cuda.synchronize()
                 started = time.perf_counter()
                 got[mode] = engine.finish(engine.launch(sequences, [[1, 2]] * len(sequences),
-                                                        overlapped=overlapped))
+                                                        eager=eager))
                 seconds[mode] += time.perf_counter() - started
             diff = max(diff, *(abs(a - b) for s1, s2 in zip(got["off"], got["on"])
                                for r1, r2 in zip(s1, s2) for a, b in zip(r1, r2)))

@@ -34,7 +34,8 @@ class FakeEngine:
         self.poisoned = {id(seq) for seq in poisoned}
         self.error = error if error is not None else RuntimeError("poisoned batch")
         self.batches: list[list[int]] = []  # ids of the sequences of each launch
-        self.overlapped: list[bool] = []  # the `overlapped` flag of each launch
+        # per launch, how many earlier batches were launched and not yet finished
+        self.on_device_at_launch: list[int] = []
         self.adapters: list[list[int] | None] = []  # the `adapters` of each launch
         self.events: list[tuple[str, int]] = []  # ("launch" | "finish", batch number), in order
         self.finishing = threading.Event()  # set once a finish() has begun
@@ -48,10 +49,11 @@ class FakeEngine:
         self._released.set()
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, overlapped: bool = False, adapters: list[int] | None = None) -> FakeStep:
+               *, adapters: list[int] | None = None) -> FakeStep:
         number = len(self.batches)
         self.batches.append([id(seq) for seq in sequences])
-        self.overlapped.append(overlapped)
+        self.on_device_at_launch.append(sum(kind == "launch" for kind, _ in self.events)
+                                        - sum(kind == "finish" for kind, _ in self.events))
         self.adapters.append(adapters)
         if any(id(seq) in self.poisoned for seq in sequences):
             raise self.error

@@ -99,9 +99,9 @@ def test_overlap_equals_synchronous(sequences):
     assert fake_overlap.batches == fake_sync.batches
     assert fake_overlap.events == launch_before_finish(n)
     assert fake_sync.events == [(kind, k) for k in range(n) for kind in ("launch", "finish")]
-    # A launch is `overlapped` exactly when another batch is still on the device.
-    assert fake_overlap.overlapped == [False] + [True] * (n - 1)
-    assert fake_sync.overlapped == [False] * n
+    # With overlap every launch after the first finds the previous batch still on the device.
+    assert fake_overlap.on_device_at_launch == [0] + [1] * (n - 1)
+    assert fake_sync.on_device_at_launch == [0] * n
     assert overlapped == synchronous
     # ...and each result belongs to its own task (a mix-up would give equal but wrong results).
     assert overlapped == [fake_scores(seq, LABELS) for seq in sequences]

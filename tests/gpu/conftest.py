@@ -21,11 +21,10 @@ LABELS = [YES, NO]
 VOCAB = 151643  # ids below this are ordinary tokens
 
 
-def run_batch(engine, sequences, labels=LABELS, overlapped=False):
+def run_batch(engine, sequences, labels=LABELS, eager=False):
     """One batch of `sequences` through Engine.launch + finish: per sequence, items × labels.
-    `overlapped`: launched as while another batch runs (eagerly, never a CUDA graph)."""
-    return engine.finish(engine.launch(sequences, [labels] * len(sequences),
-                                       overlapped=overlapped))
+    `eager`: never a CUDA graph (as a batch too large for one runs)."""
+    return engine.finish(engine.launch(sequences, [labels] * len(sequences), eager=eager))
 
 
 def launch_checking_no_host_sync(engine, sequences, labels=LABELS):

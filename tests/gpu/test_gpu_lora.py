@@ -192,7 +192,7 @@ def test_a_classifier_adapters_own_head_in_a_batch_and_in_a_graph(tmp_path):
     replayed = [engine.finish(engine.launch([seq], classes[:1], adapters=[slot]))[0]
                 for seq, slot in zip(sequences, slots)]
     ones = [0 if slot != 1 else 1 for slot in slots]  # the model's and adapter 1's: its run
-    one_run = engine.finish(engine.launch(sequences, classes, overlapped=True, adapters=ones))
+    one_run = engine.finish(engine.launch(sequences, classes, eager=True, adapters=ones))
     for k, folder_k in enumerate(merged_folders):
         hf = AutoModelForSequenceClassification.from_pretrained(
             folder_k, dtype=torch.float32).cuda().eval()
@@ -228,6 +228,6 @@ def test_after_warm_up_adapter_batches_compile_nothing(qwen3_path, adapters, pre
                            [[rng.randrange(VOCAB) for _ in range(180)] for _ in range(10)], 0)
            for _ in range(6)]
     for slots in ([2] * 6, [1] * 6, [0, 1, 2, 2, 1, 0], [1, 2]):
-        engine.finish(engine.launch(big[:len(slots)], [LABELS] * len(slots), overlapped=True,
+        engine.finish(engine.launch(big[:len(slots)], [LABELS] * len(slots), eager=True,
                                     adapters=slots))
     assert triton_variants() == compiled

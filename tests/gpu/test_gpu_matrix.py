@@ -121,7 +121,7 @@ def test_every_combination_scores_what_the_eager_bf16_engine_scores(
         assert engine.graphs.pick(batch, rows, rows * len(labels)) is not None, name
         if not cache:  # the batch replayed a graph: again, bit for bit
             assert again == first, name
-        eager = run_batch(engine, batch, labels, overlapped=True)
+        eager = run_batch(engine, batch, labels, eager=True)
         within(first, eager, same, f"{name}: replay vs eager")
 
 
@@ -141,7 +141,7 @@ def test_graph_engines_built_after_others_were_freed_score_the_same(base_engines
     for engine, labels in ((Engine(causal.model, causal.device, small), LABELS),
                            (Engine(classifier.model, classifier.device, small), [0])):
         replayed = run_batch(engine, batch, labels)
-        within(replayed, run_batch(engine, batch, labels, overlapped=True), SAME_BF16,
+        within(replayed, run_batch(engine, batch, labels, eager=True), SAME_BF16,
                "rebuilt graphs: replay vs eager")
         if labels == LABELS:
             within(replayed, before, SAME_BF16, "rebuilt graphs vs the first ones")

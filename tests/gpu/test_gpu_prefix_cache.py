@@ -48,9 +48,9 @@ def within(got, want, what):
     assert lp <= BOUNDS[0] and p <= BOUNDS[1], what
 
 
-def under_load(engine, sequences):
-    """Launched as the scheduler does while another batch runs (overlapped: never a graph)."""
-    return run_batch(engine, sequences, overlapped=True)
+def eagerly(engine, sequences):
+    """Launched eagerly, as a batch too large for a CUDA graph runs."""
+    return run_batch(engine, sequences, eager=True)
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +66,9 @@ def test_hits_score_what_no_cache_scores_eager_and_with_graphs(fast_engine, grap
             shared = query(rng, q)
             miss, hit = request(rng, shared, items, item_len), request(rng, shared, items,
                                                                         item_len)
-            within(under_load(engine, miss), run_batch(fast_engine, miss), f"{name} miss")
+            within(eagerly(engine, miss), run_batch(fast_engine, miss), f"{name} miss")
             before = engine.prefix_cache.stats.hits
-            within(under_load(engine, hit), run_batch(fast_engine, hit),
+            within(eagerly(engine, hit), run_batch(fast_engine, hit),
                    f"{name} hit, graphs {graphs}")
             assert engine.prefix_cache.stats.hits == before + len(hit)
             if graphs:  # idle and fitting a graph, a cacheable batch still hits the cache

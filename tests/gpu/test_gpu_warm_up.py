@@ -87,7 +87,7 @@ def _mixed_batches(rng: random.Random, budget: int, max_seq_tokens: int):
                 break
             batch += seqs
             tokens += sum(s.num_tokens for s in seqs)
-        yield batch, rng.random() < 0.5  # overlapped: eager; else a graph where one fits
+        yield batch, rng.random() < 0.5  # eager, or a graph where one fits
 
 
 def main(model_path: str, cache_tokens: int) -> None:
@@ -104,9 +104,9 @@ def main(model_path: str, cache_tokens: int) -> None:
     warm_up(engine, budget.tokens, app.limits.max_seq_tokens)
     warm = counters()
     batches = tokens = 0
-    for batch, overlapped in _mixed_batches(random.Random(0), budget.tokens,
+    for batch, eager in _mixed_batches(random.Random(0), budget.tokens,
                                             app.limits.max_seq_tokens):
-        engine.finish(engine.launch(batch, [[9454, 2753]] * len(batch), overlapped=overlapped))
+        engine.finish(engine.launch(batch, [[9454, 2753]] * len(batch), eager=eager))
         batches, tokens = batches + 1, tokens + sum(s.num_tokens for s in batch)
     after = counters()
     print(json.dumps({"batches": batches, "tokens": tokens,

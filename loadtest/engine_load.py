@@ -1,0 +1,159 @@
+"""Latency in the engine under an open-loop load: requests arrive at a constant rate, a share of
+the engine's own capacity, and each is timed from its submission to its scores.
+
+Usage: python -m loadtest.engine_load [--shares 0.25,0.5,0.75,0.9] [--seconds 8]
+       [--precision bf16|fp8] [--policies shipped,eager_behind] [--out FILE] [--commit SHA]
+
+The engine, its batch budget and the scheduling loop are built from configs/score-gpu.yaml the
+way a scorer replica builds them (as loadtest/bench_engine.py does), and requests go through
+`Scheduler.run_job` on an asyncio loop, as the replica's event loop sends them; there is no HTTP,
+Ray or tokenizer here, so what it shows is the loop's and the device's share of a request's
+latency (the headline, loadtest/headline.py, measures the service around it). Workload: the
+bench shape (a 120-token query and 10 items of 180 tokens, fresh random ids per request).
+Capacity: items/s of a burst of every request queued at once. Then, per share, requests at
+share × capacity for --seconds (the first second not counted): latency p50/p99, the batches'
+mean tokens, and the share of batches that replayed a CUDA graph.
+
+Policies (how the engine is driven; the loop and engine are the shipped ones):
+- shipped: as a replica runs it (a batch that fits a CUDA graph replays it).
+- eager_behind: a batch launched while another is on the device never replays a graph (the
+  rule before graphs were replayed under load).
+Prints a table; writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from gpu_worker.engine import Engine, Step
+from gpu_worker.scheduler import Scheduler
+from gpu_worker.startup import measure_budget
+from loadtest.bench_engine import run_scheduler
+from ranker_contract.packing import PackedSequence, ScoreJob, pack_multi_item
+from tools import RESULTS_DIR, git_commit
+from tools.configs import shipped_app_config
+from tools.stats import summarize_ms
+from tools.workload import RequestFactory, Workload
+
+CONFIG = "score-gpu.yaml"
+WARM_S = 1.0  # the first second of each point is not counted
+
+
+class DrivenEngine:
+    """The engine as the scheduling loop sees it, counting batches and graph replays; with
+    `eager_behind`, a batch launched while another is on the device never replays a graph."""
+
+    def __init__(self, engine: Engine, eager_behind: bool) -> None:
+        self.engine, self.eager_behind = engine, eager_behind
+        self.batches = self.graph_batches = self.tokens = self.on_device = 0
+
+    def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
+               *, adapters: list[int] | None = None) -> Step:
+        eager = self.eager_behind and self.on_device > 0
+        graphs = self.engine.graphs
+        rows = sum(s.num_items for s in sequences)
+        self.batches += 1
+        labels = sum(s.num_items * len(ids) for s, ids in zip(sequences, label_ids_per_sequence))
+        self.graph_batches += (graphs is not None and not eager
+                               and graphs.pick(sequences, rows, labels) is not None)
+        self.tokens += sum(s.num_tokens for s in sequences)
+        self.on_device += 1
+        return self.engine.launch(sequences, label_ids_per_sequence, eager=eager,
+                                  adapters=adapters)
+
+    def finish(self, step: Step) -> list[list[list[float]]]:
+        self.on_device -= 1
+        return self.engine.finish(step)
+
+
+async def open_loop(scheduler: Scheduler, sequences: list[PackedSequence], labels: list[int],
+                    rate: float, seconds: float) -> list[float]:
+    """Submit one request every 1/rate s for `seconds`; latency (s) of those sent after WARM_S."""
+    latencies: list[float] = []
+
+    async def one(seq: PackedSequence, counted: bool) -> None:
+        sent = time.perf_counter()
+        await scheduler.run_job(ScoreJob([seq], labels))
+        if counted:
+            latencies.append(time.perf_counter() - sent)
+
+    start, tasks = time.perf_counter(), []
+    for k in range(int(rate * seconds)):
+        delay = start + k / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(sequences[k % len(sequences)], k / rate >= WARM_S)))
+    await asyncio.gather(*tasks)
+    return latencies
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shares", default="0.25,0.5,0.75,0.9")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16")
+    p.add_argument("--policies", default="shipped,eager_behind")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_load.json")
+    p.add_argument("--commit", help="the commit measured (default: $COMMIT, else git HEAD)")
+    args = p.parse_args()
+
+    app = shipped_app_config(CONFIG)
+    engine = Engine.from_config(app.resolved_model_path(),
+                                app.engine.model_copy(update={"precision": args.precision}))
+    budget = measure_budget(engine, app.scheduler.max_batch_tokens,
+                            app.limits.max_seq_tokens).tokens
+    workload = Workload()
+    labels = list(workload.labels)
+    factory = RequestFactory(workload, seed=0)
+    sequences = [pack_multi_item(q, items, 0)
+                 for q, items in (factory.token_ids() for _ in range(1024))]
+    burst = app.scheduler.model_copy(update={"max_queue_wait_s": 0})
+    run_scheduler(engine, sequences[:64], burst, budget, labels)  # compile and warm
+    seconds, _ = run_scheduler(engine, sequences, burst, budget, labels)
+    capacity_rps = len(sequences) / seconds
+
+    rows = []
+    for policy in args.policies.split(","):
+        for share in map(float, args.shares.split(",")):
+            driven = DrivenEngine(engine, eager_behind=policy == "eager_behind")
+            scheduler = Scheduler(driven, app.scheduler, budget)
+            scheduler.start()
+            latencies = asyncio.run(open_loop(scheduler, sequences, labels,
+                                              share * capacity_rps, args.seconds))
+            scheduler.stop()
+            rows.append({"policy": policy, "share": share, "rps": share * capacity_rps,
+                         "latency_ms": summarize_ms(latencies), "batches": driven.batches,
+                         "mean_batch_tokens": driven.tokens / max(driven.batches, 1),
+                         "graph_share": driven.graph_batches / max(driven.batches, 1)})
+    out = {
+        "capacity_items_per_s": capacity_rps * workload.items,
+        "rows": rows,
+        "gpu": torch.cuda.get_device_name(),
+        "commit": args.commit or os.environ.get("COMMIT") or git_commit(),
+        "command": " ".join(["python -m", __spec__.name, *sys.argv[1:]]),
+        "workload": {"query_len": workload.query_len, "items": workload.items,
+                     "item_len": workload.item_len, "seed": 0, "precision": args.precision,
+                     "batch_token_budget": budget, "seconds": args.seconds},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2))
+    print(f"capacity {out['capacity_items_per_s']:.0f} items/s ({args.precision}, "
+          f"{out['gpu']})")
+    print(f"{'policy':14s} {'share':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'batches':>8s} "
+          f"{'tokens':>8s} {'graphs':>7s}")
+    for r in rows:
+        print(f"{r['policy']:14s} {r['share']:6.2f} {r['latency_ms']['p50']:8.1f} "
+              f"{r['latency_ms']['p99']:8.1f} {r['batches']:8d} {r['mean_batch_tokens']:8.0f} "
+              f"{r['graph_share']:7.1%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,9 @@ What it measures, on the shipped configs/score-gpu.yaml of each tree (its own fi
     fixed shares of the tree's engine rate: the highest items/s with P99 ≤ 500 ms and 0
     failures, and the share of the engine rate where the first 503 came;
   - P99 at half of that capacity (Poisson arrivals);
+  - goodput past capacity, this tree only (a device call's time): the items/s answered at
+    OVERLOAD multiples of the sweep's best rate, each ÷ the items/s at that rate
+    (tools/loadgen.py::run_overload);
   - full set only: rerank at Cohere's limits (10,000 × 64 and 100 × 8,000 words).
 Each tree's scorer gets 1/N of the GPU's share (`num_gpus`) and one replica (no autoscaling: one
 GPU holds them all); its batch budget is the YAML's cap, far under its memory share.
@@ -22,9 +25,10 @@ GPU holds them all); its batch budget is the YAML's cap, far under its memory sh
 `--baseline COMMIT` measures that commit's tree too (.ab/COMMIT, made with `git archive` where
 missing: on the GPU machine, carry it) and writes `baseline_figures` and `diff`, a row per figure
 flagged as a regression when items/s fall 3% or more, or a latency grows by 1 ms and 10% or more.
-`--quick` (engine bf16/fp8, the bf16 sweep, the sporadic rows, half load) fits two trees in one
-10-minute device call. Writes one JSON (top-level gpu, commit, command, baseline, figures,
-baseline_figures, diff, start, details) and prints the diff table last.
+`--quick` (engine bf16/fp8, the bf16 sweep, the sporadic rows, half load, overload) fits two
+trees in one 10-minute device call; `--fp8` adds the FP8 applications' sweeps to it.
+Writes one JSON (top-level gpu, commit, command, baseline, figures, baseline_figures, diff,
+start, details) and prints the diff table last.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import yaml
 
 from tools import REPO_ROOT, git_commit, gpu_name
 from tools.http_client import make_session
-from tools.loadgen import RateConfig, run_rate, run_sporadic, run_sweep
+from tools.loadgen import RateConfig, run_overload, run_rate, run_sporadic, run_sweep
 from tools.service import LocalServer, free_port, serve_cli, stop_service
 from tools.workload import Workload
 
@@ -60,6 +64,7 @@ BENCH = dict(query_len=120, items=10, item_len=180)
 LONE_ITEM_TOKENS = 180
 P99_BOUND_MS = 500.0
 SWEEP_SHARES = (0.85, 0.92, 0.97, 1.02)  # of the tree's engine rate
+OVERLOAD = (1.2, 1.5, 3.0)  # multiples of the sweep's best rate
 DEFAULT_CAPACITY_ITEMS_PER_S = 2500.0  # where the engine was not measured (no GPU)
 START_TIMEOUT_S = 300
 # figure -> True where higher is better; every key the headline JSON's `figures` holds
@@ -71,6 +76,7 @@ FIGURES = {
     "sporadic_lone_1item_p50_ms": False, "sporadic_lone_1item_p99_ms": False,
     "sporadic_lone_10item_p50_ms": False, "sporadic_lone_10item_p99_ms": False,
     "p99_at_half_load_ms": False, "load_control_idle_cost_ms": False,
+    "goodput_1.2x_ratio": True, "goodput_1.5x_ratio": True, "goodput_3x_ratio": True,
     "long_10000x64_s": False, "long_100x8000_s": False,
     "prefix_profile_ratio": True, "service_start_s": False,
 }
@@ -297,6 +303,19 @@ async def sweep(url: str, app: App, capacity_items_per_s: float, shares: list[fl
             "first_refusal_seen": bool(refused)}
 
 
+async def overload(url: str, app: App, rps: float) -> dict:
+    cfg = RateConfig(rps, duration_s=10.0, warmup_s=3.0, seed="overload")
+    async with make_session() as session:
+        res = await run_overload(session, f"{url}/{app.name}", text_workload(**BENCH), cfg, rps,
+                                 [1.0, *OVERLOAD], progress=False,
+                                 report=lambda line: print(f"[{app.name}] {line}", flush=True))
+    at_capacity = res["capacity_items_per_s"]
+    res["goodput_ratios"] = {
+        f"goodput_{m:g}x_ratio": round(p["goodput_items_per_s"] / at_capacity, 3)
+        if at_capacity else None for m, p in zip(OVERLOAD, res["overload"][1:])}
+    return res
+
+
 async def half_load(url: str, app: App, rps: float) -> dict:
     cfg = RateConfig(rps / 2, duration_s=10.0, warmup_s=3.0, seed="half")
     async with make_session() as session:
@@ -352,16 +371,18 @@ def diff_rows(figures: dict, baseline: dict) -> list[dict]:
     return rows
 
 
-def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
-            figures: dict, details: dict, logs: Path, capacity: float | None,
+def measure(trees: list[Tree], quick: bool, fp8: bool, out_dir: Path, lone_requests_n: int,
+            figures: dict, details: dict, logs: Path, capacity: dict[str, float] | None,
             sweep_shares: list[float]) -> None:
     """Every figure of every tree into `figures` ({label: {figure: value}}), the details behind
     them into `details`, as they come (a run cut short keeps what it measured). `capacity`:
-    the items/s the sweeps refer to where the engine rows are skipped (None: measure them)."""
+    per precision, the items/s the sweeps refer to where the engine rows are skipped (None:
+    measure them)."""
     for tree in trees:
         if capacity is None and gpu_name() != "unknown":
             figures[tree.label].update(engine_figures(tree, quick, out_dir))
-    apps = [App(t, "bf16") for t in trees] + ([] if quick else [App(t, "fp8") for t in trees])
+    apps = [App(t, "bf16") for t in trees] + ([App(t, "fp8") for t in trees]
+                                              if fp8 or not quick else [])
     running = start(apps)
     print(f"healthy after (s): {running.healthy_s}", flush=True)
     apps = [a for a in apps if a.name in running.healthy_s]
@@ -380,8 +401,8 @@ def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
                 figures[app.tree.label][f"{key}_p99_ms"] = res["latency_ms"]["p99"]
         for app in apps:
             label, figs = app.tree.label, figures[app.tree.label]
-            engine = (figs[f"engine_{app.precision}_items_per_s"] or capacity
-                      or DEFAULT_CAPACITY_ITEMS_PER_S)
+            engine = (figs[f"engine_{app.precision}_items_per_s"]
+                      or (capacity or {}).get(app.precision) or DEFAULT_CAPACITY_ITEMS_PER_S)
             res = asyncio.run(sweep(running.url, app, engine, sweep_shares,
                                     10.0 if quick else 15.0))
             details[label][f"sweep_{app.precision}"] = res
@@ -391,6 +412,10 @@ def measure(trees: list[Tree], quick: bool, out_dir: Path, lone_requests_n: int,
                 point = asyncio.run(half_load(running.url, app, res["best_rps"]))
                 details[label]["half_load"] = point
                 figs["p99_at_half_load_ms"] = point["latency_ms"]["p99"]
+            if app.precision == "bf16" and res["best_rps"] and app.tree is trees[0]:
+                over = asyncio.run(overload(running.url, app, res["best_rps"]))
+                details[label]["overload"] = over
+                figs.update(over["goodput_ratios"])
         if not quick:
             for app in bf16:
                 figures[app.tree.label].update(long_rerank(running.url, app))
@@ -408,8 +433,10 @@ def main() -> int:
                    "`more_baselines`")
     p.add_argument("--no-engine", action="store_true", help="skip the offline engine rows "
                    "(not measured); the sweeps then offer shares of --capacity")
-    p.add_argument("--capacity", type=float, default=DEFAULT_CAPACITY_ITEMS_PER_S,
-                   help="items/s the sweeps' shares refer to where the engine is not measured")
+    p.add_argument("--capacity", default=str(DEFAULT_CAPACITY_ITEMS_PER_S),
+                   help="items/s the sweeps' shares refer to where the engine is not measured: "
+                   "one number for bf16, or bf16=N,fp8=M")
+    p.add_argument("--fp8", action="store_true", help="with --quick: the FP8 sweeps too")
     p.add_argument("--commit", help="the commit of this tree (default: $COMMIT, else git HEAD)")
     p.add_argument("--lone-requests", type=int, default=40,
                    help="measured sporadic requests per tree and shape")
@@ -437,9 +464,9 @@ def main() -> int:
     complete = False
     try:
         with tempfile.TemporaryDirectory(prefix="headline-engine-") as tmp:
-            measure(trees, args.quick, Path(tmp), args.lone_requests, figures, details,
-                    args.out.with_name(args.out.stem + "_service.log"),
-                    args.capacity if args.no_engine else None,
+            measure(trees, args.quick, args.fp8, Path(tmp), args.lone_requests, figures,
+                    details, args.out.with_name(args.out.stem + "_service.log"),
+                    capacities(args.capacity) if args.no_engine else None,
                     [float(x) for x in args.sweep_shares.split(",")])
         complete = True
     finally:  # what was measured is written, also when a step failed
@@ -466,6 +493,13 @@ def main() -> int:
         change = f"{row['change']:+.1%}" if row else ""
         print(f"{key:32s} {_fmt(new):>10s} {_fmt(old):>10s} {change:>8s}{flag}")
     return 0
+
+
+def capacities(text: str) -> dict[str, float]:
+    """--capacity: "2690" (bf16) or "bf16=2690,fp8=3238"."""
+    if "=" not in text:
+        return {"bf16": float(text)}
+    return {name: float(value) for name, value in (part.split("=") for part in text.split(","))}
 
 
 def _fmt(value) -> str:

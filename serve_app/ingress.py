@@ -19,6 +19,7 @@ from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoredJob, ScoreJob
 from serve_app.auth import KEY_ID_SCOPE, NO_KEY, REFUSED_KEY, KeyStore, RequireApiKey, require_keys
+from serve_app.deadline import TIMEOUT_HEADER, answer_by_s, request_timeout_s, serve_timeout_s
 from serve_app.docs_page import add_offline_docs
 from serve_app.metrics import (
     CANCELLED_STATUS,
@@ -104,6 +105,12 @@ def _at_capacity(retry_after_s: float | None, reason: str = "") -> ApiError:
     return ApiError(503, "the scorer replicas are at capacity; retry later"
                     + (f" ({reason})" if reason else ""),
                     headers={"Retry-After": str(max(1, round(retry_after_s or 1)))})
+
+
+def _timed_out(timeout_s: float) -> ApiError:
+    return ApiError(408, f"the request was not answered within its deadline of {timeout_s:g} s "
+                    f"and was dropped unscored; ask for a longer one with the header "
+                    f"{TIMEOUT_HEADER}: N (0: none)")
 
 
 def _no_scorer(reason: str) -> ApiError:
@@ -202,6 +209,7 @@ class ScoreIngress:
         require_keys(keys, self._refused)
         self.scorers = ScorerWatch(worker)
         self.shedding = Shedding()
+        self.timeout_s = serve_timeout_s()
 
     @app.post(SCORE, response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
               responses=_ERROR_RESPONSES)
@@ -226,10 +234,22 @@ class ScoreIngress:
         try:
             if self.shedding.shed():  # far past capacity: not even read (serve_app/shedding.py)
                 raise _at_capacity(1, "shedding")
-            response = await self._pipeline(path, request, started, seen)
+            timeout_s = request_timeout_s(request.headers.get(TIMEOUT_HEADER), self.timeout_s)
+            deadline = asyncio.timeout(None if timeout_s is None else answer_by_s(timeout_s))
+            try:
+                async with deadline:
+                    response = await self._pipeline(path, request, started, seen)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                # counted as cancelled, like a request whose client left (metrics)
+                status, error_type = CANCELLED_STATUS, CANCELLED_TYPE
+                raise _timed_out(timeout_s) from None
             status, error_type = response.status_code, None
             return response
         except ApiError as exc:
+            if exc.status == CANCELLED_STATUS:
+                raise
             status, error_type = exc.status, exc.kind
             raise
         except asyncio.CancelledError:  # the client went away or its timeout passed

@@ -144,6 +144,7 @@ class ApiError(Exception):
             400: "BadRequestError",
             401: "AuthenticationError",
             404: "NotFoundError",
+            408: "RequestTimeoutError",
             413: "RequestTooLargeError",
             422: "UnprocessableEntityError",
             503: "ServiceUnavailableError",

@@ -46,12 +46,14 @@ class _Metrics:
 
 
 class _Request:
-    """Stands in for the HTTP request: the pipeline reads only its body (and the API key id
-    that serve_app/auth.py leaves in its scope, absent here: auth off)."""
+    """Stands in for the HTTP request: the pipeline reads only its body, its headers (the
+    deadline's) and the API key id that serve_app/auth.py leaves in its scope (absent here:
+    auth off)."""
 
-    def __init__(self, body: dict) -> None:
+    def __init__(self, body: dict, headers: dict | None = None) -> None:
         self._body = json.dumps(body).encode()
         self.scope: dict = {}
+        self.headers = headers or {}
 
     async def body(self) -> bytes:
         return self._body
@@ -70,9 +72,9 @@ def ingress():
 SERVED = AppConfig().served_model_name  # no `model` in a request: the model itself
 
 
-def _post(ingress, path: str, body: dict):
-    ingress.worker, ingress.metrics = _Scorer(), _Metrics()
-    return asyncio.run(ingress._observed(path, _Request(body)))
+def _post(ingress, path: str, body: dict, headers: dict | None = None, scorer=None):
+    ingress.worker, ingress.metrics = scorer or _Scorer(), _Metrics()
+    return asyncio.run(ingress._observed(path, _Request(body, headers)))
 
 
 def _timing_parts(response) -> list[str]:
@@ -124,3 +126,52 @@ def test_a_request_refused_before_its_model_is_known_is_counted_under_no_model(i
         _post(ingress, "/v1/score", {"query": [1], "items": "not a list"})
     assert caught.value.status == 400
     assert ingress.metrics.answered_as == [("/v1/score", 400, "BadRequestError", "-", 0)]
+
+
+class _SlowScorer(_Scorer):
+    """Answers after `seconds`; records whether the job's call was cancelled instead. Its
+    remote() returns a task: what the ingress awaits and cancels, as a DeploymentResponse."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds, self.cancelled = seconds, False
+
+    def remote(self, job):
+        return asyncio.ensure_future(self._score(job))
+
+    async def _score(self, job):
+        try:
+            await asyncio.sleep(self.seconds)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return await super().remote(job)
+
+
+SCORE_BODY = {"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [7, 8]}
+
+
+@pytest.mark.parametrize("default_s, headers", [
+    (None, {"x-request-timeout-seconds": "0.5"}),  # the header's deadline
+    (0.5, {}),  # Serve's request_timeout_s
+    (0.5, {"x-request-timeout-seconds": "nonsense"}),  # not a number: Serve's, as Serve does
+], ids=["header", "config", "malformed-header"])
+def test_a_deadline_passed_answers_408_in_the_envelope_and_cancels_the_job(
+        ingress, monkeypatch, default_s, headers):
+    monkeypatch.setattr(ingress, "timeout_s", default_s)
+    scorer = _SlowScorer(seconds=60)
+    with pytest.raises(ApiError) as caught:
+        _post(ingress, "/v1/score", SCORE_BODY, headers, scorer)
+    error = caught.value.envelope()["error"]
+    assert caught.value.status == 408 and error["type"] == "RequestTimeoutError"
+    assert "0.5 s" in error["message"] and "x-request-timeout-seconds" in error["message"]
+    assert scorer.cancelled and scorer.jobs == []  # never scored
+    # counted as a cancelled request, as one whose client left
+    assert ingress.metrics.answered_as == [("/v1/score", 408, "Cancelled", SERVED, 0)]
+
+
+def test_a_header_of_0_lifts_the_deadline(ingress, monkeypatch):
+    monkeypatch.setattr(ingress, "timeout_s", 0.1)
+    response = _post(ingress, "/v1/score", SCORE_BODY, {"x-request-timeout-seconds": "0"},
+                     _SlowScorer(seconds=0.5))
+    assert response.status_code == 200

@@ -23,9 +23,9 @@ TOKENIZE_BUCKETS_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 500, 1000, 5000]
 # The routes by their HTTP paths: the metrics' `route` label, the request paths' keys.
 SCORE, RERANK_V1, RERANK_V2 = "/v1/score", "/v1/rerank", "/v2/rerank"
 ROUTES = (SCORE, RERANK_V1, RERANK_V2)  # the routes ScoreIngress._observed wraps
-# The caller went away before the answer: its timeout passed (Serve's proxy answers 408) or it
-# disconnected. The ingress only sees a cancellation and cannot tell which, so it counts both
-# as Serve's and the client's status for the timeout.
+# The caller went away before the answer, or its deadline passed (the ingress answers 408 itself,
+# serve_app/deadline.py; a request still in Serve's hands gets Serve's 408). A cancellation does
+# not say which, so all count as one status and type: the status of a timeout.
 CANCELLED_STATUS = 408
 CANCELLED_TYPE = "Cancelled"
 # Every error a route answers: the ApiError statuses the ingress raises, and the cancellation.

@@ -40,8 +40,8 @@ class BatchEngine(Protocol):
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
                *, adapters: list[int] | None = None) -> Any:
         """Queue one batch without waiting for it (another may still be running); returns its
-        step. `adapters`: per sequence,
-        its LoRA adapter's slot (0: the model itself); None when no sequence has one."""
+        step. `adapters`: per sequence, its LoRA adapter's slot (0: the model itself); None when
+        no sequence has one."""
 
     def finish(self, step: Any) -> list[list[list[float]]]:
         """Wait for a launched step: per sequence, one row of label log-probs per item."""

@@ -126,8 +126,9 @@ def test_three_times_capacity_sheds_503s_and_keeps_p99_bounded(service):
 def test_shed_requests_get_retry_after_quickly(service):
     lines_before = _refusal_lines(service)
 
-    async def burst() -> list[tuple[int, str | None, float]]:
-        factory = RequestFactory(LARGE, "burst")  # slow enough that none ends mid-burst
+    async def burst() -> list[tuple[int, str | None, float, float]]:
+        """60 at once: (status, Retry-After, seconds to the answer, when it was sent)."""
+        factory = RequestFactory(LARGE, "burst")  # slow enough that few end mid-burst
         async with aiohttp.ClientSession(headers=AUTH) as session:
             async def one():
                 loop = asyncio.get_running_loop()
@@ -135,13 +136,21 @@ def test_shed_requests_get_retry_after_quickly(service):
                 async with session.post(f"{service.url}/v1/score", data=factory.next_bytes(),
                                         headers={"Content-Type": "application/json"}) as r:
                     await r.read()
-                    return r.status, r.headers.get("Retry-After"), loop.time() - started
+                    return r.status, r.headers.get("Retry-After"), loop.time() - started, started
             return await asyncio.gather(*(one() for _ in range(60)))
 
     results = asyncio.run(burst())
     shed = [r for r in results if r[0] == 503]
     served = sorted(r[2] for r in results if r[0] == 200)
-    assert {r[0] for r in results} <= {200, 503} and len(shed) >= 60 - MAX_ONGOING - MAX_QUEUED
+    assert {r[0] for r in results} <= {200, 503}
+    # Serve lets MAX_ONGOING + MAX_QUEUED in at once; a request that ends while the burst still
+    # arrives frees a place for one more (a busy machine spreads the 60 arrivals out: this
+    # failed once in CI with 6 more admitted). The arrivals are taken to end by the later of
+    # the last send and the last refusal's answer: each request answered 200 before then may
+    # have let one more in.
+    arrived_by = max([r[3] for r in results] + [r[3] + r[2] for r in shed])
+    freed = sum(1 for r in results if r[0] == 200 and r[3] + r[2] < arrived_by)
+    assert len(shed) >= 60 - MAX_ONGOING - MAX_QUEUED - freed, (len(shed), freed)
     assert all(r[1] == "1" for r in shed)
     # Refused at once, not after waiting for capacity: every refusal is back before half of
     # the accepted requests are (those queue behind each other on the one scorer).

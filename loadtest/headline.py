@@ -303,16 +303,16 @@ async def sweep(url: str, app: App, capacity_items_per_s: float, shares: list[fl
             "first_refusal_seen": bool(refused)}
 
 
-async def overload(url: str, app: App, rps: float) -> dict:
+async def overload(url: str, app: App, rps: float, multiples: list[float]) -> dict:
     cfg = RateConfig(rps, duration_s=10.0, warmup_s=3.0, seed="overload")
     async with make_session() as session:
         res = await run_overload(session, f"{url}/{app.name}", text_workload(**BENCH), cfg, rps,
-                                 [1.0, *OVERLOAD], progress=False,
+                                 [1.0, *multiples], progress=False,
                                  report=lambda line: print(f"[{app.name}] {line}", flush=True))
     at_capacity = res["capacity_items_per_s"]
     res["goodput_ratios"] = {
         f"goodput_{m:g}x_ratio": round(p["goodput_items_per_s"] / at_capacity, 3)
-        if at_capacity else None for m, p in zip(OVERLOAD, res["overload"][1:])}
+        if at_capacity else None for m, p in zip(multiples, res["overload"][1:])}
     return res
 
 
@@ -373,7 +373,7 @@ def diff_rows(figures: dict, baseline: dict) -> list[dict]:
 
 def measure(trees: list[Tree], quick: bool, fp8: bool, out_dir: Path, lone_requests_n: int,
             figures: dict, details: dict, logs: Path, capacity: dict[str, float] | None,
-            sweep_shares: list[float]) -> None:
+            sweep_shares: list[float], overload_multiples: list[float]) -> None:
     """Every figure of every tree into `figures` ({label: {figure: value}}), the details behind
     them into `details`, as they come (a run cut short keeps what it measured). `capacity`:
     per precision, the items/s the sweeps refer to where the engine rows are skipped (None:
@@ -412,8 +412,10 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, out_dir: Path, lone_reque
                 point = asyncio.run(half_load(running.url, app, res["best_rps"]))
                 details[label]["half_load"] = point
                 figs["p99_at_half_load_ms"] = point["latency_ms"]["p99"]
-            if app.precision == "bf16" and res["best_rps"] and app.tree is trees[0]:
-                over = asyncio.run(overload(running.url, app, res["best_rps"]))
+            if (app.precision == "bf16" and res["best_rps"] and app.tree is trees[0]
+                    and overload_multiples):
+                over = asyncio.run(overload(running.url, app, res["best_rps"],
+                                            overload_multiples))
                 details[label]["overload"] = over
                 figs.update(over["goodput_ratios"])
         if not quick:
@@ -437,6 +439,8 @@ def main() -> int:
                    help="items/s the sweeps' shares refer to where the engine is not measured: "
                    "one number for bf16, or bf16=N,fp8=M")
     p.add_argument("--fp8", action="store_true", help="with --quick: the FP8 sweeps too")
+    p.add_argument("--overload", default=",".join(f"{m:g}" for m in OVERLOAD),
+                   help="multiples of the best rate for goodput past capacity (empty: none)")
     p.add_argument("--commit", help="the commit of this tree (default: $COMMIT, else git HEAD)")
     p.add_argument("--lone-requests", type=int, default=40,
                    help="measured sporadic requests per tree and shape")
@@ -467,7 +471,8 @@ def main() -> int:
             measure(trees, args.quick, args.fp8, Path(tmp), args.lone_requests, figures,
                     details, args.out.with_name(args.out.stem + "_service.log"),
                     capacities(args.capacity) if args.no_engine else None,
-                    [float(x) for x in args.sweep_shares.split(",")])
+                    [float(x) for x in args.sweep_shares.split(",")],
+                    [float(x) for x in args.overload.split(",") if x])
         complete = True
     finally:  # what was measured is written, also when a step failed
         doc = {"gpu": gpu_name(), "commit": commit, "baseline": baselines[0] if baselines else None,

@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -373,7 +374,8 @@ def diff_rows(figures: dict, baseline: dict) -> list[dict]:
 
 def measure(trees: list[Tree], quick: bool, fp8: bool, out_dir: Path, lone_requests_n: int,
             figures: dict, details: dict, logs: Path, capacity: dict[str, float] | None,
-            sweep_shares: list[float], overload_multiples: list[float]) -> None:
+            sweep_shares: list[float], overload_multiples: list[float],
+            measured: Callable[[], object] = lambda: None) -> None:
     """Every figure of every tree into `figures` ({label: {figure: value}}), the details behind
     them into `details`, as they come (a run cut short keeps what it measured). `capacity`:
     per precision, the items/s the sweeps refer to where the engine rows are skipped (None:
@@ -422,6 +424,7 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, out_dir: Path, lone_reque
             for app in bf16:
                 figures[app.tree.label].update(long_rerank(running.url, app))
     finally:
+        measured()  # written before the service stops: a stop that hangs loses nothing
         service_logs(running, logs)
         stop_service(running)
 
@@ -465,16 +468,8 @@ def main() -> int:
     started = time.monotonic()
     figures = {t.label: dict.fromkeys(FIGURES) for t in trees}
     details: dict = {t.label: {} for t in trees}
-    complete = False
-    try:
-        with tempfile.TemporaryDirectory(prefix="headline-engine-") as tmp:
-            measure(trees, args.quick, args.fp8, Path(tmp), args.lone_requests, figures,
-                    details, args.out.with_name(args.out.stem + "_service.log"),
-                    capacities(args.capacity) if args.no_engine else None,
-                    [float(x) for x in args.sweep_shares.split(",")],
-                    [float(x) for x in args.overload.split(",") if x])
-        complete = True
-    finally:  # what was measured is written, also when a step failed
+
+    def write(complete: bool) -> dict:
         doc = {"gpu": gpu_name(), "commit": commit, "baseline": baselines[0] if baselines else None,
                "command": " ".join(["python -m loadtest.headline", *sys.argv[1:]]),
                "quick": args.quick, "complete": complete,
@@ -488,6 +483,20 @@ def main() -> int:
                                   for t in trees[2:]],
                "details": details}
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        return doc
+
+    complete = False
+    try:
+        with tempfile.TemporaryDirectory(prefix="headline-engine-") as tmp:
+            measure(trees, args.quick, args.fp8, Path(tmp), args.lone_requests, figures,
+                    details, args.out.with_name(args.out.stem + "_service.log"),
+                    capacities(args.capacity) if args.no_engine else None,
+                    [float(x) for x in args.sweep_shares.split(",")],
+                    [float(x) for x in args.overload.split(",") if x],
+                    measured=lambda: write(False))
+        complete = True
+    finally:  # what was measured is written, also when a step failed
+        doc = write(complete)
     print(f"\nheadline at {commit} on {doc['gpu']} ({doc['seconds']} s); wrote {args.out}")
     print(f"{'figure':32s} {'head':>10s} {'baseline':>10s} {'change':>8s}")
     rows = {r["figure"]: r for r in doc["diff"] or []}

@@ -9,8 +9,8 @@ in [0, 1]. The rows are scored by the batch job on the configured engine (into O
 as `python -m ranker_batch` writes it); then, per model or adapter the rows name, a map from the
 raw relevance to a probability is fitted on the rows left after holding out a seeded share, and
 the held-out rows report ECE, Brier score and log-loss before and after
-(ranker_batch/calibration.py). Writes OUTPUT/calibration.json and prints one line per model;
-the config's `calibration:` naming that file makes the service answer with it (docs/OPERATIONS.md,
+(ranker_batch/calibration.py). Writes OUTPUT/calibration.json and prints one line per model.
+Not yet applied by the service: the map is for thresholds set offline (docs/OPERATIONS.md,
 "Calibration").
 """
 
@@ -106,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"--output {args.output} is not empty: pick a new folder")
     doc = yaml.safe_load(args.config.read_text())
     config = AppConfig.model_validate(doc["applications"][0].get("args") or {})
-    # fitted on the model's own relevance: a map the config already has is not applied
-    config = config.model_copy(update={"calibration": None})
     ray.init(log_to_driver=False)
     try:  # a bad input ends with its reason, not a traceback
         labelled = labelled_rows(args.input, args.id_column)

@@ -106,9 +106,6 @@ class RerankResult(BaseModel):
     relevance_score: float
     document: RerankDocument | None = None  # only with return_documents
     best_chunk: int | None = None  # a document scored in chunks: the one whose score it has
-    # with a calibration map (AppConfig.calibration): the model's relevance, relevance_score
-    # being the calibrated one
-    raw_score: float | None = None
 
 
 class RerankResponse(BaseModel):

@@ -201,16 +201,14 @@ def best_chunks(item_scores: list[float], documents: Sequence[int], n_documents:
 
 def build_response(req: RerankInput, scores: list[float], prompt_tokens: int, truncated: int,
                    api_version: str, model: str, *, best_chunk: dict[int, int] | None = None,
-                   capped: int = 0, raw_scores: list[float] | None = None) -> dict:
+                   capped: int = 0) -> dict:
     """Cohere's response (sorted by score, ties by index; top_n) plus Jina's `usage`; a
-    document scored in chunks says which chunk won (`best_chunk`); `raw_scores`: the model's
-    relevance where `scores` are calibrated (`raw_score`)."""
+    document scored in chunks says which chunk won (`best_chunk`)."""
     best_chunk = best_chunk or {}
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     if req.top_n is not None:
         order = order[:req.top_n]
     results = [RerankResult(index=i, relevance_score=scores[i], best_chunk=best_chunk.get(i),
-                            raw_score=None if raw_scores is None else raw_scores[i],
                             document=RerankDocument(text=req.documents[i])
                             if req.return_documents else None).model_dump(exclude_none=True)
                for i in order]

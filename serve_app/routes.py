@@ -10,9 +10,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-import numpy as np
-
-from ranker_contract.calibration import CalibrationMap
 from ranker_contract.config import Limits
 from serve_app.classifier import class_scores, classifier_relevance, rerank_classes
 from serve_app.protocol import ApiError, RerankRequest, ScoreResponse, Usage
@@ -72,10 +69,8 @@ class ScoreRoute:
         return Tokenized(query, items, req.label_ids, from_text=req.is_text,
                          item_first=req.item_first)
 
-    def respond(self, req: ParsedRequest, tokenized: Tokenized, logprobs: list[list[float]],
-                prompt_tokens: int, calibration: CalibrationMap | None = None) -> dict:
-        """The labels' (or classes') scores as asked for: never calibrated (a calibration map
-        is of the rerank relevance)."""
+    def respond(self, req: ParsedRequest, tokenized: Tokenized,
+                logprobs: list[list[float]], prompt_tokens: int) -> dict:
         if self.num_labels is None:
             scores = [to_scores(row, req.apply_softmax) for row in logprobs]
         else:  # the rows are class logits
@@ -127,20 +122,15 @@ class RerankRoute:
                          truncated=tokens.truncated, documents=tokens.documents,
                          capped=tokens.capped)
 
-    def respond(self, req: RerankInput, tokenized: Tokenized, logprobs: list[list[float]],
-                prompt_tokens: int, calibration: CalibrationMap | None = None) -> dict:
-        """With a `calibration` map, relevance_score is the calibrated relevance and raw_score
-        the model's (the map is monotone: the best chunk and the order are the raw ones')."""
+    def respond(self, req: RerankInput, tokenized: Tokenized,
+                logprobs: list[list[float]], prompt_tokens: int) -> dict:
         documents = (tokenized.documents if tokenized.documents is not None
                      else range(len(logprobs)))
         scores, best = best_chunks([self.relevance(row) for row in logprobs], documents,
                                    len(req.documents))
-        raw = None
-        if calibration is not None:
-            raw, scores = scores, calibration.apply(np.array(scores)).tolist()
         return build_response(req, scores, prompt_tokens, tokenized.truncated, self.api_version,
                               req.model or self.model_name, best_chunk=best,
-                              capped=tokenized.capped, raw_scores=raw)
+                              capped=tokenized.capped)
 
 
 Route = ScoreRoute | RerankRoute

@@ -48,23 +48,32 @@ WARM_S = 1.0  # the first second of each point is not counted
 
 
 class DrivenEngine:
-    """The engine as the scheduling loop sees it, counting batches and graph replays; with
+    """The engine as the scheduling loop sees it, counting batches and the graph replays the
+    engine actually launched (its CudaGraphs.launch, wrapped until close()); with
     `eager_behind`, a batch launched while another is on the device never replays a graph."""
 
     def __init__(self, engine: Engine, eager_behind: bool) -> None:
         self.engine, self.eager_behind = engine, eager_behind
         self.batches = self.graph_batches = self.tokens = self.on_device = 0
+        graphs = engine.graphs
+        if graphs is not None:
+            replay = graphs.launch
+
+            def counted(*args, **kwargs):
+                self.graph_batches += 1
+                return replay(*args, **kwargs)
+
+            graphs.launch = counted  # shadows the method on this instance only
+
+    def close(self) -> None:
+        if self.engine.graphs is not None:
+            del self.engine.graphs.launch  # the class's method again
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
                *, adapters: list[int] | None = None) -> Step:
-        eager = self.eager_behind and self.on_device > 0
-        graphs = self.engine.graphs
-        rows = sum(s.num_items for s in sequences)
         self.batches += 1
-        labels = sum(s.num_items * len(ids) for s, ids in zip(sequences, label_ids_per_sequence))
-        self.graph_batches += (graphs is not None and not eager
-                               and graphs.pick(sequences, rows, labels) is not None)
         self.tokens += sum(s.num_tokens for s in sequences)
+        eager = self.eager_behind and self.on_device > 0
         self.on_device += 1
         return self.engine.launch(sequences, label_ids_per_sequence, eager=eager,
                                   adapters=adapters)
@@ -129,6 +138,7 @@ def main() -> None:
             latencies = asyncio.run(open_loop(scheduler, sequences, labels,
                                               share * capacity_rps, args.seconds))
             scheduler.stop()
+            driven.close()
             rows.append({"policy": policy, "share": share, "rps": share * capacity_rps,
                          "latency_ms": summarize_ms(latencies), "batches": driven.batches,
                          "mean_batch_tokens": driven.tokens / max(driven.batches, 1),

@@ -9,8 +9,8 @@ in [0, 1]. The rows are scored by the batch job on the configured engine (into O
 as `python -m ranker_batch` writes it); then, per model or adapter the rows name, a map from the
 raw relevance to a probability is fitted on the rows left after holding out a seeded share, and
 the held-out rows report ECE, Brier score and log-loss before and after
-(ranker_batch/calibration.py). Writes OUTPUT/calibration.json and prints one line per model.
-Not yet applied by the service: the map is for thresholds set offline (docs/OPERATIONS.md,
+(ranker_batch/calibration.py). Writes OUTPUT/calibration.json and prints one line per model;
+the config's `calibration:` naming that file makes the service answer with it (docs/OPERATIONS.md,
 "Calibration").
 """
 
@@ -93,7 +93,10 @@ def calibrate(rows: list, method: str, holdout: float, seed: int) -> dict:
     fit_raw, fit_labels = flat(order[held_n:])
     held_raw, held_labels = flat(order[:held_n])
     cal = fit(fit_raw, fit_labels, method)
+    flat_map = method == "platt" and cal.params[0] == 0.0
     return {"calibration": cal.to_json(),
+            "warning": "its raw scores do not rank the fitted rows' labels (the best slope is "
+                       "≤ 0): the map answers their base rate" if flat_map else None,
             "rows": {"fitted": len(rows) - held_n, "held_out": held_n},
             "documents": {"fitted": int(fit_raw.size), "held_out": int(held_raw.size)},
             "held_out": {"raw": metrics(held_raw, held_labels),
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"--output {args.output} is not empty: pick a new folder")
     doc = yaml.safe_load(args.config.read_text())
     config = AppConfig.model_validate(doc["applications"][0].get("args") or {})
+    # fitted on the model's own relevance: a map the config already has is not applied
+    config = config.model_copy(update={"calibration": None})
     ray.init(log_to_driver=False)
     try:  # a bad input ends with its reason, not a traceback
         labelled = labelled_rows(args.input, args.id_column)
@@ -125,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:28s} {fitted['rows']['fitted'] + fitted['rows']['held_out']:6d} "
               f"{raw['ece']:10.4f} → {cal['ece']:.4f} {raw['log_loss']:8.4f} → "
               f"{cal['log_loss']:.4f}")
+    for name, fitted in result["models"].items():
+        if fitted["warning"]:
+            print(f"warning: {name}: {fitted['warning']}")
     print(f"wrote {args.output / 'calibration.json'}")
     return 0
 

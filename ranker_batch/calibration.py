@@ -1,70 +1,22 @@
-"""Calibration maps: a raw relevance score to a probability of relevance, fitted from labelled
-rows (python -m ranker_batch.calibrate; docs/OPERATIONS.md, "Calibration").
+"""Fitting calibration maps (ranker_contract/calibration.py) from labelled rows, and the metrics of
+calibration (python -m ranker_batch.calibrate; docs/OPERATIONS.md, "Calibration").
 
-A raw relevance (P(yes) / (P(yes) + P(no)), or a classifier's sigmoid) shifts with the model, the
-prompt, the adapter and the precision, so a threshold on it means something else after any of
-them changes. A map fitted on the user's own labels makes the threshold a probability again.
-Both maps read the raw score's logit z = log(p / (1 - p)), the label logit the model computed:
-
-- `platt`: σ(a·z + b), the maximum-likelihood fit (Newton's method on the log-loss);
-- `isotonic`: a non-decreasing function of z (pool-adjacent-violators, then linear between the
-  fitted points, flat beyond them), for a relation that is monotone but not logistic.
-
-Labels are 0/1, or graded in [0, 1] (say, the share of raters who found the item relevant):
-both fits take them as soft targets. The metrics say how well probabilities match outcomes:
-expected calibration error over ECE_BINS equal-width bins, the Brier score and the log-loss.
+`platt` is the maximum-likelihood fit (Newton's method on the log-loss); `isotonic` is
+pool-adjacent-violators on the labels ordered by the label logit, for a relation that is
+monotone but not logistic. Labels are 0/1, or graded in [0, 1] (say, the share of raters who
+found the item relevant): both fits take them as soft targets. The metrics say how well
+probabilities match outcomes: expected calibration error over ECE_BINS equal-width bins, the
+Brier score and the log-loss.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-METHODS = ("platt", "isotonic")
+from ranker_contract.calibration import EPS, METHODS, CalibrationMap, logit, sigmoid
+
 ECE_BINS = 15
-EPS = 1e-12  # probabilities are clipped to [EPS, 1 - EPS] before a logit or a log
 NEWTON_STEPS, NEWTON_TOL = 100, 1e-10
-
-
-def logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(np.asarray(p, dtype=np.float64), EPS, 1 - EPS)
-    return np.log(p) - np.log1p(-p)
-
-
-def sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.asarray(z, dtype=np.float64)))
-
-
-@dataclass(frozen=True)
-class CalibrationMap:
-    """`platt`: params (a, b). `isotonic`: points z and their probabilities y (z increasing)."""
-
-    method: str
-    params: tuple[float, float] = (1.0, 0.0)
-    z: tuple[float, ...] = field(default=())
-    y: tuple[float, ...] = field(default=())
-
-    def apply(self, raw: np.ndarray) -> np.ndarray:
-        """Calibrated probabilities of raw relevance scores."""
-        z = logit(raw)
-        if self.method == "platt":
-            a, b = self.params
-            return sigmoid(a * z + b)
-        return np.interp(z, self.z, self.y)
-
-    def to_json(self) -> dict:
-        if self.method == "platt":
-            return {"method": "platt", "a": self.params[0], "b": self.params[1]}
-        return {"method": "isotonic", "z": list(self.z), "y": list(self.y)}
-
-    @classmethod
-    def from_json(cls, doc: dict) -> CalibrationMap:
-        if doc["method"] == "platt":
-            return cls("platt", (float(doc["a"]), float(doc["b"])))
-        if doc["method"] == "isotonic":
-            return cls("isotonic", z=tuple(doc["z"]), y=tuple(doc["y"]))
-        raise ValueError(f"calibration method must be one of {METHODS}, not {doc['method']!r}")
 
 
 def fit(raw: np.ndarray, labels: np.ndarray, method: str) -> CalibrationMap:
@@ -83,6 +35,11 @@ def fit(raw: np.ndarray, labels: np.ndarray, method: str) -> CalibrationMap:
 
 
 def _platt(z: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(a, b) of σ(a·z + b) with the least log-loss and a ≥ 0: a map must not reverse the
+    model's order (a reranker answers sorted by it). Where the best a is negative, the raw
+    scores rank against the labels and a = 0, the base rate, is the best that keeps order."""
+    if not np.any(y > 0) or not np.any(y < 1):  # one class only: no slope to fit
+        return 0.0, float(logit(np.mean(y)))
     x = np.stack([z, np.ones_like(z)], axis=1)
     theta = np.array([1.0, 0.0])
     for _ in range(NEWTON_STEPS):
@@ -93,6 +50,8 @@ def _platt(z: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         theta -= step
         if np.max(np.abs(step)) < NEWTON_TOL:
             break
+    if theta[0] < 0:
+        return 0.0, float(logit(np.mean(y)))
     return float(theta[0]), float(theta[1])
 
 

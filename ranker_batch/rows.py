@@ -36,17 +36,26 @@ def request_body(kind: str, row: dict) -> bytes:
     return json.dumps(body).encode()
 
 
-def answer_columns(kind: str, response: dict) -> tuple[list, int]:
-    """(the kind's scores column value, prompt tokens) of an API response body."""
+# a rerank job with a calibration map: the model's relevance beside the calibrated one
+RAW_RELEVANCE = pa.field("raw_relevance_scores", pa.list_(pa.float64()))
+
+
+def answer_columns(kind: str, response: dict) -> tuple[list, int, list | None]:
+    """(the kind's scores column value, prompt tokens, the raw relevance per document where
+    the answer is calibrated, else None) of an API response body."""
     tokens = response["usage"]["total_tokens"]  # both routes: every token is a prompt token
     if kind == "score":
-        return response["scores"], tokens
+        return response["scores"], tokens, None
     relevance = [0.0] * len(response["results"])
+    raw = [0.0] * len(response["results"])
     for result in response["results"]:
         relevance[result["index"]] = result["relevance_score"]
-    return relevance, tokens
+        raw[result["index"]] = result.get("raw_score")
+    return relevance, tokens, raw if None not in raw else None
 
 
-def output_schema(kind: str, id_field: pa.Field) -> pa.Schema:
-    return pa.schema([id_field, OUTPUT_SCHEMA[kind], pa.field("prompt_tokens", pa.int64()),
+def output_schema(kind: str, id_field: pa.Field, calibrated: bool = False) -> pa.Schema:
+    """`calibrated`: a rerank job whose config has a calibration map adds RAW_RELEVANCE."""
+    raw = [RAW_RELEVANCE] if calibrated and kind == "rerank" else []
+    return pa.schema([id_field, OUTPUT_SCHEMA[kind], *raw, pa.field("prompt_tokens", pa.int64()),
                       pa.field("error", pa.string())])

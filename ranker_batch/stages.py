@@ -18,7 +18,7 @@ import pickle
 
 import pyarrow as pa
 
-from ranker_batch.rows import answer_columns, output_schema, request_body
+from ranker_batch.rows import RAW_RELEVANCE, answer_columns, output_schema, request_body
 from ranker_contract.config import AppConfig
 from serve_app.metrics import RERANK_V1, SCORE
 from serve_app.protocol import ApiError
@@ -69,18 +69,21 @@ class Score:
         self.scorer = start_scorer(app, offline)
         self.path = RequestPath(app)
         self.kind, self.id_column = kind, id_column
+        self.calibrated = app.calibration is not None
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         requests, errors = batch.column("_request").to_pylist(), batch.column("error").to_pylist()
         answers = await asyncio.gather(*(self._answer(r) for r in requests))
         scores = [a[0] if a else None for a in answers]
         tokens = [a[1] if a else None for a in answers]
-        schema = output_schema(self.kind, batch.schema.field(self.id_column))
-        return pa.table([batch.column(self.id_column), pa.array(scores, schema.field(1).type),
-                         pa.array(tokens, pa.int64()), pa.array(errors, pa.string())],
-                        schema=schema)
+        schema = output_schema(self.kind, batch.schema.field(self.id_column), self.calibrated)
+        columns = [batch.column(self.id_column), pa.array(scores, schema.field(1).type)]
+        if RAW_RELEVANCE.name in schema.names:
+            columns.append(pa.array([a[2] if a else None for a in answers], RAW_RELEVANCE.type))
+        columns += [pa.array(tokens, pa.int64()), pa.array(errors, pa.string())]
+        return pa.table(columns, schema=schema)
 
-    async def _answer(self, request: bytes | None) -> tuple[list, int] | None:
+    async def _answer(self, request: bytes | None) -> tuple[list, int, list | None] | None:
         if request is None:  # refused by Prepare: its error says why
             return None
         req, tokens, packed = pickle.loads(request)

@@ -23,6 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ranker_contract.calibration import CalibrationMap, load_calibrations
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -396,6 +398,11 @@ class AppConfig(_Settings):
     scheduler: SchedulerConfig = SchedulerConfig()
     rerank: RerankConfig = RerankConfig()
     auth: AuthConfig = AuthConfig()
+    calibration: str | None = Field(
+        None, description="a calibration file written by python -m ranker_batch.calibrate: "
+        "rerank answers of the models and adapters it has a map for give the calibrated "
+        "relevance as relevance_score and the model's as raw_score (docs/OPERATIONS.md, "
+        "\"Calibration\"); relative paths start at the repository")
 
     @model_validator(mode="before")
     @classmethod
@@ -441,11 +448,20 @@ class AppConfig(_Settings):
 
     def multiplexed(self, name: str) -> AppConfig:
         """The configuration one of `models` is served with: this one with its folder, name and
-        rerank prompt, without adapters or other models."""
+        rerank prompt, without adapters or other models (its calibration map, if any, comes
+        from this configuration's calibrations())."""
         entry = next(m for m in self.models if m.name == name)
         return self.model_copy(update={
             "model_path": str(from_repository(entry.path)), "served_model_name": entry.name,
-            "rerank": entry.rerank or self.rerank, "adapters": [], "models": []})
+            "rerank": entry.rerank or self.rerank, "adapters": [], "models": [],
+            "calibration": None})
+
+    def calibrations(self) -> dict[str, CalibrationMap]:
+        """The calibration file's maps by the name they calibrate ({} without one); a file that
+        cannot be read, or with a map for a name not served, is a ValueError."""
+        if self.calibration is None:
+            return {}
+        return load_calibrations(from_repository(self.calibration), self.served_names)
 
     @property
     def memory_share(self) -> float:

@@ -89,6 +89,16 @@ class RerankRequest(BaseModel):
         "Left its end.")
     instruction: StrictStr | None = Field(
         default=None, description="Replaces the configured default instruction of the prompt.")
+    return_chunks: StrictBool = Field(
+        default=False, description="Add `chunk: {index, start, end}` to each result: the "
+        "document's best-scoring chunk and the characters of the document it covers.")
+    chunk_aggregation: Literal["max", "mean", "top_k_mean"] = Field(
+        default="max", description="A document of several chunks scores its best chunk's "
+        "relevance (max, Cohere's), the mean over its chunks, or the mean of its chunk_top_k "
+        "best.")
+    chunk_top_k: StrictInt | None = Field(
+        default=None, ge=1, description="top_k_mean's k (default 3; a document of fewer chunks "
+        "takes the mean of all).")
 
 
 RERANK_EXAMPLE = {
@@ -101,11 +111,21 @@ RERANK_EXAMPLE = {
 }
 
 
+class RerankChunk(BaseModel):
+    index: int  # from 0, in the document's order
+    start: int  # the characters of the document its tokens cover: text[start:end], a
+    end: int  # word's leading space not counted
+
+
 class RerankResult(BaseModel):
     index: int
     relevance_score: float
     document: RerankDocument | None = None  # only with return_documents
-    best_chunk: int | None = None  # a document scored in chunks: the one whose score it has
+    best_chunk: int | None = None  # a document scored in chunks: its best-scoring one
+    chunk: RerankChunk | None = None  # only with return_chunks
+    # with a calibration map (AppConfig.calibration): the model's relevance, relevance_score
+    # being the calibrated one
+    raw_score: float | None = None
 
 
 class RerankResponse(BaseModel):

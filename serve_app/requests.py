@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ranker_contract.calibration import CalibrationMap
 from ranker_contract.config import AppConfig, RerankPromptChoice
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence, ScoreJob, merge_results, prefix_key
@@ -46,14 +47,20 @@ class Packed:
 class RequestPath:
     """The routes of one served model, as the configuration builds them."""
 
-    def __init__(self, config: AppConfig, multiplexed: bool = False) -> None:
-        """`multiplexed`: `config` is one of `models` (AppConfig.multiplexed)."""
+    def __init__(self, config: AppConfig, multiplexed: bool = False,
+                 calibrations: dict[str, CalibrationMap] | None = None) -> None:
+        """`multiplexed`: `config` is one of `models` (AppConfig.multiplexed). `calibrations`:
+        the maps by name (None: config.calibrations())."""
         model_path = config.resolved_model_path()
         model = ModelConfig.from_folder(model_path)
         tokenizer = TextTokenizer(model_path)
         name = config.served_model_name
         self.model_names = config.model_names  # a request's `model`: index = adapter number
         self.served_names = config.served_names  # every name the service answers to
+        if calibrations is None:
+            calibrations = config.calibrations()
+        # per adapter number, the map of its rerank relevance (None: answered raw)
+        self.calibrations = [calibrations.get(n) for n in self.model_names]
         self.multiplexed_name = name if multiplexed else None
         self.max_context = model.max_position_embeddings  # query + one item
         self.limits = config.limits
@@ -131,7 +138,8 @@ class RequestPath:
                 results: list[list[list[float]]]) -> dict:
         """The response body from the scorer's results, per sequence (items × labels)."""
         logprobs = merge_results(packed.sequences, results, len(tokens.items))
-        return route.respond(req, tokens, logprobs, packed.tokens)
+        return route.respond(req, tokens, logprobs, packed.tokens,
+                             self.calibrations[packed.adapter])
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +161,10 @@ class ServedModels:
     and one per model of `models`; a request's `model` picks one."""
 
     def __init__(self, config: AppConfig) -> None:
-        self.main = RequestPath(config)
-        self.multiplexed = {m.name: RequestPath(config.multiplexed(m.name), multiplexed=True)
+        calibrations = config.calibrations()  # read once, checked against every served name
+        self.main = RequestPath(config, calibrations=calibrations)
+        self.multiplexed = {m.name: RequestPath(config.multiplexed(m.name), multiplexed=True,
+                                                calibrations=calibrations)
                             for m in config.models}
         self.names = config.served_names
         self.limits = config.limits

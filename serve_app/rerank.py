@@ -16,6 +16,7 @@ sequences, the document's score the best chunk's (docs/API.md, "Long documents")
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import uuid
@@ -24,7 +25,13 @@ from dataclasses import dataclass
 
 from ranker_contract.config import Limits, RerankPrompt
 from serve_app.classifier import sigmoid
-from serve_app.protocol import ApiError, RerankDocument, RerankRequest, RerankResult
+from serve_app.protocol import (
+    ApiError,
+    RerankChunk,
+    RerankDocument,
+    RerankRequest,
+    RerankResult,
+)
 from serve_app.tokenizer import TextTokenizer
 from serve_app.validate import check_text
 
@@ -33,6 +40,8 @@ _PLACEHOLDER = re.compile(r"\{(query|instruction)\}")
 DOCS_PER_SEARCH_UNIT = 100
 # Cohere v1 refuses documents × max_chunks_per_doc above this.
 MAX_DOCUMENT_CHUNKS = 10_000
+AGGREGATIONS = ("max", "mean", "top_k_mean")
+DEFAULT_TOP_K = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +56,9 @@ class RerankInput:
     max_chunks_per_doc: int | None = None
     truncate: bool = False
     keep_end: bool = False  # truncate's direction: keep the end (TEI's Left), else the start
+    return_chunks: bool = False
+    aggregation: str = "max"  # a document's score from its chunks': AGGREGATIONS
+    top_k: int = DEFAULT_TOP_K  # top_k_mean's
 
 
 def check_rerank(req: RerankRequest, limits: Limits, default_instruction: str) -> RerankInput:
@@ -71,9 +83,13 @@ def check_rerank(req: RerankRequest, limits: Limits, default_instruction: str) -
         raise ApiError(400, f"{len(documents)} documents × max_chunks_per_doc="
                        f"{req.max_chunks_per_doc} is more than {MAX_DOCUMENT_CHUNKS} chunks",
                        "max_chunks_per_doc")
+    if req.chunk_top_k is not None and req.chunk_aggregation != "top_k_mean":
+        raise ApiError(400, "chunk_top_k is the k of chunk_aggregation \"top_k_mean\"; "
+                       f"this request aggregates by {req.chunk_aggregation!r}", "chunk_top_k")
     return RerankInput(req.query, documents, instruction, req.top_n, req.return_documents,
                        req.max_tokens_per_doc, req.model, req.max_chunks_per_doc, req.truncate,
-                       req.truncation_direction.lower() == "left")
+                       req.truncation_direction.lower() == "left", req.return_chunks,
+                       req.chunk_aggregation, req.chunk_top_k or DEFAULT_TOP_K)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +102,8 @@ class RerankTokens:
     documents: list[int]  # per item, the index of its document
     truncated: int = 0  # documents cut short: max_tokens_per_doc, truncate
     capped: int = 0  # documents with chunks past max_chunks_per_doc, left unread
+    # with return_chunks, per item: the characters of its document it covers (RerankChunk)
+    spans: list[tuple[int, int]] | None = None
 
 
 class RerankPrompter:
@@ -147,38 +165,68 @@ class RerankPrompter:
         joined = self.tokenizer.encode_items([lead + d + self._after for d in req.documents])
         long = [k for k, item in enumerate(joined) if req.max_tokens_per_doc
                 or (room is not None and len(item) > room + len(self.suffix_ids))]
-        alone = dict(zip(long, self.tokenizer.encode_items([lead + req.documents[k]
-                                                            for k in long])))
-        items, documents, truncated, capped = [], [], 0, 0
+        texts = [lead + req.documents[k] for k in long]
+        # return_chunks: each token's characters, to say which part of a document a chunk is
+        offsets = {}
+        if req.return_chunks:
+            encoded = self.tokenizer.encode_items_with_offsets(texts)
+            offsets = {k: offs for k, (_, offs) in zip(long, encoded)}
+            alone = {k: ids for k, (ids, _) in zip(long, encoded)}
+        else:
+            alone = dict(zip(long, self.tokenizer.encode_items(texts)))
+        items, documents, pieces, truncated, capped = [], [], [], 0, 0
         for k, item in enumerate(joined):
-            doc = alone.get(k)
+            doc, first = alone.get(k), 0  # first: where doc starts in the document's tokens
             if doc is not None:
                 cut = req.max_tokens_per_doc is not None and len(doc) > req.max_tokens_per_doc
                 if cut:
                     doc = doc[:req.max_tokens_per_doc]
                 over = room is not None and len(doc) > room
                 if over and req.truncate:
-                    doc, cut = (doc[-room:] if req.keep_end else doc[:room]), True
+                    first = len(doc) - room if req.keep_end else 0
+                    doc, cut = doc[first:first + room], True
                 truncated += cut
                 if over and not req.truncate:
-                    chunks = self._chunks(doc, room)
-                    if req.max_chunks_per_doc and len(chunks) > req.max_chunks_per_doc:
-                        chunks = chunks[:req.max_chunks_per_doc]
+                    starts = self._chunk_starts(len(doc), room)
+                    if req.max_chunks_per_doc and len(starts) > req.max_chunks_per_doc:
+                        starts = starts[:req.max_chunks_per_doc]
                         capped += 1
-                    items.extend(chunk + self.suffix_ids for chunk in chunks)
-                    documents.extend([k] * len(chunks))
+                    items.extend(doc[s:s + room] + self.suffix_ids for s in starts)
+                    documents.extend([k] * len(starts))
+                    pieces.extend((k, s, min(s + room, len(doc))) for s in starts)
                     continue
                 # Cut, or joined with the suffix one token too long for the window: apart.
                 if cut or (room is not None and len(item) > room + len(self.suffix_ids)):
                     item = doc + self.suffix_ids
+                    pieces.append((k, first, first + len(doc)))
+                    items.append(item)
+                    documents.append(k)
+                    continue
             items.append(item)
             documents.append(k)
-        return RerankTokens(prefix_ids, items, documents, truncated, capped)
+            pieces.append(None)  # the whole document
+        spans = None
+        if req.return_chunks:
+            spans = [(0, len(req.documents[documents[i]])) if piece is None
+                     else _span(req.documents[piece[0]], offsets[piece[0]], len(lead), *piece[1:])
+                     for i, piece in enumerate(pieces)]
+        return RerankTokens(prefix_ids, items, documents, truncated, capped, spans)
 
-    def _chunks(self, doc: list[int], room: int) -> list[list[int]]:
+    def _chunk_starts(self, tokens: int, room: int) -> list[int]:
+        """Where each chunk of a document of `tokens` tokens starts (each `room` long, the
+        last one shorter)."""
         step = room - min(self.chunk_overlap, room // 2)
-        starts = range(0, max(len(doc) - room, 0) + step, step)
-        return [doc[start:start + room] for start in starts]
+        return list(range(0, max(tokens - room, 0) + step, step))
+
+
+def _span(text: str, offsets: list[tuple[int, int]], lead: int, first: int, end: int
+          ) -> tuple[int, int]:
+    """The characters of `text` that its tokens first..end-1 cover (`offsets`: of lead + text,
+    `lead` characters before it); a leading space belongs to its word's token and is left out."""
+    start, stop = max(offsets[first][0] - lead, 0), max(offsets[end - 1][1] - lead, 0)
+    while start < stop and text[start].isspace():
+        start += 1
+    return start, stop
 
 
 def relevance(yes_no_logprobs: list[float]) -> float:
@@ -187,31 +235,50 @@ def relevance(yes_no_logprobs: list[float]) -> float:
     return sigmoid(yes - no)
 
 
-def best_chunks(item_scores: list[float], documents: Sequence[int], n_documents: int
-                ) -> tuple[list[float], dict[int, int]]:
-    """Each document's score, its best chunk's, and for a document of several chunks which one
-    that is (from 0)."""
-    scores, best, chunks = [-math.inf] * n_documents, [0] * n_documents, [0] * n_documents
+def aggregate(item_scores: list[float], documents: Sequence[int], n_documents: int,
+              how: str = "max", top_k: int = DEFAULT_TOP_K
+              ) -> tuple[list[float], list[int], list[int]]:
+    """Each document's score from its chunks' (`how`: the best one's, their mean, or the mean of
+    the `top_k` best), which chunk (from 0) scored best, and how many chunks it has."""
+    chunks: list[list[float]] = [[] for _ in range(n_documents)]
     for score, doc in zip(item_scores, documents, strict=True):
-        if score > scores[doc]:
-            scores[doc], best[doc] = score, chunks[doc]
-        chunks[doc] += 1
-    return scores, {doc: best[doc] for doc in range(n_documents) if chunks[doc] > 1}
+        chunks[doc].append(score)
+    best = [max(range(len(c)), key=c.__getitem__) for c in chunks]  # the first of ties
+    counts = [len(c) for c in chunks]
+    if how == "max":
+        return [c[b] for c, b in zip(chunks, best)], best, counts
+    if how == "mean":
+        return [math.fsum(c) / len(c) for c in chunks], best, counts
+    tops = [sorted(c, reverse=True)[:top_k] for c in chunks]
+    return [math.fsum(t) / len(t) for t in tops], best, counts
 
 
 def build_response(req: RerankInput, scores: list[float], prompt_tokens: int, truncated: int,
-                   api_version: str, model: str, *, best_chunk: dict[int, int] | None = None,
-                   capped: int = 0) -> dict:
-    """Cohere's response (sorted by score, ties by index; top_n) plus Jina's `usage`; a
-    document scored in chunks says which chunk won (`best_chunk`)."""
-    best_chunk = best_chunk or {}
+                   api_version: str, model: str, *, best: list[int] | None = None,
+                   chunks: list[int] | None = None, spans: list[tuple[int, int]] | None = None,
+                   capped: int = 0, raw_scores: list[float] | None = None) -> dict:
+    """Cohere's response (sorted by score, ties by index; top_n) plus Jina's `usage`. Per
+    document, `best`: its best chunk, named (`best_chunk`) where it has several (`chunks`:
+    how many); `spans`: per item, with return_chunks (RerankTokens.spans). `raw_scores`: the
+    model's relevance where `scores` are calibrated (`raw_score`)."""
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     if req.top_n is not None:
         order = order[:req.top_n]
-    results = [RerankResult(index=i, relevance_score=scores[i], best_chunk=best_chunk.get(i),
+    first = list(itertools.accumulate(chunks, initial=0)) if chunks else None  # first items
+
+    def result(i: int) -> dict:
+        several = chunks is not None and chunks[i] > 1
+        chunk = None
+        if spans is not None:
+            start, end = spans[first[i] + best[i]]
+            chunk = RerankChunk(index=best[i], start=start, end=end)
+        return RerankResult(index=i, relevance_score=scores[i],
+                            best_chunk=best[i] if several else None, chunk=chunk,
+                            raw_score=None if raw_scores is None else raw_scores[i],
                             document=RerankDocument(text=req.documents[i])
                             if req.return_documents else None).model_dump(exclude_none=True)
-               for i in order]
+
+    results = [result(i) for i in order]
     meta = {
         "api_version": {"version": api_version},
         "billed_units": {"search_units": max(1, math.ceil(len(scores) / DOCS_PER_SEARCH_UNIT))},

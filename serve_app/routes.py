@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import numpy as np
+
+from ranker_contract.calibration import CalibrationMap
 from ranker_contract.config import Limits
 from serve_app.classifier import class_scores, classifier_relevance, rerank_classes
 from serve_app.protocol import ApiError, RerankRequest, ScoreResponse, Usage
 from serve_app.rerank import (
     RerankInput,
     RerankPrompter,
-    best_chunks,
+    aggregate,
     build_response,
     check_rerank,
     relevance,
@@ -38,6 +41,7 @@ class Tokenized:
     truncated: int = 0  # rerank documents cut short on the client's request
     documents: list[int] | None = None  # rerank: each item's document (None: item k is doc k)
     capped: int = 0  # rerank documents with chunks past max_chunks_per_doc, left unread
+    spans: list[tuple[int, int]] | None = None  # rerank with return_chunks: RerankTokens.spans
 
 
 class ScoreRoute:
@@ -69,8 +73,10 @@ class ScoreRoute:
         return Tokenized(query, items, req.label_ids, from_text=req.is_text,
                          item_first=req.item_first)
 
-    def respond(self, req: ParsedRequest, tokenized: Tokenized,
-                logprobs: list[list[float]], prompt_tokens: int) -> dict:
+    def respond(self, req: ParsedRequest, tokenized: Tokenized, logprobs: list[list[float]],
+                prompt_tokens: int, calibration: CalibrationMap | None = None) -> dict:
+        """The labels' (or classes') scores as asked for: never calibrated (a calibration map
+        is of the rerank relevance)."""
         if self.num_labels is None:
             scores = [to_scores(row, req.apply_softmax) for row in logprobs]
         else:  # the rows are class logits
@@ -120,17 +126,22 @@ class RerankRoute:
                            "documents")
         return Tokenized(tokens.prefix, tokens.items, self.label_ids, from_text=True,
                          truncated=tokens.truncated, documents=tokens.documents,
-                         capped=tokens.capped)
+                         capped=tokens.capped, spans=tokens.spans)
 
-    def respond(self, req: RerankInput, tokenized: Tokenized,
-                logprobs: list[list[float]], prompt_tokens: int) -> dict:
+    def respond(self, req: RerankInput, tokenized: Tokenized, logprobs: list[list[float]],
+                prompt_tokens: int, calibration: CalibrationMap | None = None) -> dict:
+        """With a `calibration` map, relevance_score is the calibrated relevance and raw_score
+        the model's (the map is monotone: the best chunk and the order are the raw ones')."""
         documents = (tokenized.documents if tokenized.documents is not None
                      else range(len(logprobs)))
-        scores, best = best_chunks([self.relevance(row) for row in logprobs], documents,
-                                   len(req.documents))
+        scores, best, chunks = aggregate([self.relevance(row) for row in logprobs], documents,
+                                         len(req.documents), req.aggregation, req.top_k)
+        raw = None
+        if calibration is not None:
+            raw, scores = scores, calibration.apply(np.array(scores)).tolist()
         return build_response(req, scores, prompt_tokens, tokenized.truncated, self.api_version,
-                              req.model or self.model_name, best_chunk=best,
-                              capped=tokenized.capped)
+                              req.model or self.model_name, best=best, chunks=chunks,
+                              spans=tokenized.spans, capped=tokenized.capped, raw_scores=raw)
 
 
 Route = ScoreRoute | RerankRoute

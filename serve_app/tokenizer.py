@@ -33,3 +33,9 @@ class TextTokenizer:
 
     def encode_items(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode_items_with_offsets(self, texts: list[str]
+                                  ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """As encode_items, with each token's characters of its text: (start, end)."""
+        return [(e.ids, e.offsets)
+                for e in self._tok.encode_batch(texts, add_special_tokens=False)]

@@ -24,9 +24,12 @@ def test_rerank_answers_come_back_in_document_order():
                             {"index": 0, "relevance_score": 0.5},
                             {"index": 1, "relevance_score": 0.1}],
                 "usage": {"total_tokens": 42}}
-    assert answer_columns("rerank", response) == ([0.5, 0.1, 0.9], 42)
+    assert answer_columns("rerank", response) == ([0.5, 0.1, 0.9], 42, None)
+    for result, raw in zip(response["results"], (0.7, 0.4, 0.2)):  # a calibrated answer
+        result["raw_score"] = raw
+    assert answer_columns("rerank", response) == ([0.5, 0.1, 0.9], 42, [0.4, 0.2, 0.7])
     score = {"scores": [[0.2, 0.8]], "usage": {"prompt_tokens": 9, "total_tokens": 9}}
-    assert answer_columns("score", score) == ([[0.2, 0.8]], 9)
+    assert answer_columns("score", score) == ([[0.2, 0.8]], 9, None)
 
 
 def test_the_cli_refuses_an_output_folder_with_files(tmp_path):

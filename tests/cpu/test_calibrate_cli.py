@@ -1,5 +1,6 @@
 """python -m ranker_batch.calibrate on the CPU default: labelled rerank rows are scored by the
-batch job, a map is fitted per model, and a bad input ends with its reason."""
+batch job, a map is fitted per model, a bad input ends with its reason; with the map in its
+config, the batch job writes the calibrated relevance and the raw one."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from ranker_batch.calibration import CalibrationMap, metrics
 from tools import REPO_ROOT
@@ -35,20 +37,31 @@ def _rows(n: int) -> list[dict]:
     return rows
 
 
+def _module(tmp_path, module, *args):
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
 def _calibrate(tmp_path, rows, *extra):
     source = tmp_path / "labelled.parquet"
     pq.write_table(pa.Table.from_pylist(rows), source)
     output = tmp_path / "calibration"
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
-    run = subprocess.run([sys.executable, "-m", "ranker_batch.calibrate", "--config", CONFIG,
-                          "--input", str(source), "--output", str(output), *extra],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    run = _module(tmp_path, "ranker_batch.calibrate", "--config", CONFIG, "--input", str(source),
+                  "--output", str(output), *extra)
     return run, output
 
 
-def test_a_map_is_fitted_on_the_rows_the_batch_job_scored(tmp_path):
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("calibrate")
     run, output = _calibrate(tmp_path, _rows(20), "--holdout", "0.25")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run, output
+
+
+def test_a_map_is_fitted_on_the_rows_the_batch_job_scored(fitted):
+    run, output = fitted
     result = json.loads((output / "calibration.json").read_text())
     (name, fitted), = result["models"].items()  # no `model` column: the served model's
     assert fitted["rows"] == {"fitted": 15, "held_out": 5}
@@ -72,3 +85,25 @@ def test_rows_without_labels_are_refused_before_scoring(tmp_path):
     assert run.returncode != 0
     assert "no labels column" in run.stderr and "Traceback" not in run.stderr
     assert not (output / "scored").exists()
+
+
+def test_with_the_map_in_its_config_the_batch_job_writes_both_scores(fitted, tmp_path):
+    _, output = fitted
+    config = yaml.safe_load(open(CONFIG))
+    config["applications"][0]["args"]["calibration"] = str(output / "calibration.json")
+    (tmp_path / "calibrated.yaml").write_text(yaml.safe_dump(config))
+    rows = [{k: v for k, v in row.items() if k != "labels"} for row in _rows(20)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    run = _module(tmp_path, "ranker_batch", "--config", str(tmp_path / "calibrated.yaml"),
+                  "--kind", "rerank", "--input", str(tmp_path / "rows.parquet"),
+                  "--output", str(tmp_path / "scored"))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    got = {r["id"]: r for r in pq.read_table(tmp_path / "scored").to_pylist()}
+    before = {r["id"]: r for r in pq.read_table(output / "scored").to_pylist()}
+    (entry,) = json.loads((output / "calibration.json").read_text())["models"].values()
+    cal = CalibrationMap.from_json(entry["calibration"])
+    for key, row in got.items():
+        # the raw relevance is what the uncalibrated job wrote, and the calibrated one its map
+        assert row["raw_relevance_scores"] == pytest.approx(before[key]["relevance_scores"])
+        assert row["relevance_scores"] == pytest.approx(
+            cal.apply(np.array(row["raw_relevance_scores"])).tolist())

@@ -41,6 +41,15 @@ def test_graded_labels_are_soft_targets():
     assert cal.params == pytest.approx((A, B), abs=1e-6)
 
 
+def test_scores_that_rank_against_the_labels_get_the_base_rate_never_a_reversed_order():
+    # labels drawn from a decreasing map: the best slope is negative, which would reverse the
+    # model's ranking; the order-keeping best is the flat map at the base rate
+    raw, labels = _draw(20_000, 3, lambda z: _sigmoid(-A * z + B))
+    a, b = fit(raw, labels, "platt").params
+    assert a == 0.0 and b == pytest.approx(math.log(labels.mean() / (1 - labels.mean())))
+    assert fit(raw, np.ones_like(raw), "platt").params[0] == 0.0  # one class: no slope
+
+
 def test_isotonic_fits_a_monotone_map_that_is_not_logistic():
     def truth(z):  # a step, then a plateau: no logistic map fits it
         return np.where(z < -1, 0.05, np.where(z < 1.5, 0.5, 0.9))

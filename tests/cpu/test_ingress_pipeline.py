@@ -175,3 +175,32 @@ def test_a_header_of_0_lifts_the_deadline(ingress, monkeypatch):
     response = _post(ingress, "/v1/score", SCORE_BODY, {"x-request-timeout-seconds": "0"},
                      _SlowScorer(seconds=0.5))
     assert response.status_code == 200
+
+
+def _calibrated_ingress(tmp_path, maps: dict):
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"models": {name: {"calibration": m} for name, m in maps.items()}}))
+    user_class = ScoreIngress.func_or_class.__bases__[0]
+    instance = user_class.__new__(user_class)
+    user_class.__init__(instance, _Scorer(), AppConfig(calibration=str(path)))
+    return instance
+
+
+def test_a_calibrated_model_answers_its_map_of_the_relevance_and_the_raw_one(tmp_path):
+    ingress = _calibrated_ingress(tmp_path, {SERVED: {"method": "platt", "a": 2.0, "b": 1.0}})
+    body = json.loads(_post(ingress, "/v2/rerank", {"query": "q?",
+                                                    "documents": ["a", "b"]}).body)
+    raw = 1 / (1 + math.exp(-1.0))  # the stand-in's P(yes) / (P(yes) + P(no)): log-odds 1.0
+    calibrated = 1 / (1 + math.exp(-(2.0 * 1.0 + 1.0)))
+    assert [(r["relevance_score"], r["raw_score"]) for r in body["results"]] == [
+        (pytest.approx(calibrated), pytest.approx(raw))] * 2
+    # /v1/score answers the labels' probabilities, as without a map
+    body = json.loads(_post(ingress, "/v1/score", SCORE_BODY).body)
+    assert body["scores"] == [[math.exp(lp) for lp in LOGPROBS]] * 2
+
+
+def test_a_calibration_file_is_checked_at_start(tmp_path):
+    with pytest.raises(ValueError, match="calibration: .* has maps for \\['other'\\]"):
+        _calibrated_ingress(tmp_path, {"other": {"method": "platt", "a": 1.0, "b": 0.0}})
+    with pytest.raises(ValueError, match="calibration: .* is not a calibration file"):
+        AppConfig(calibration=str(tmp_path / "missing.json")).calibrations()

@@ -133,6 +133,37 @@ def test_the_response_names_the_winning_chunk_and_counts_every_chunks_tokens(htt
     assert out["meta"]["tokens"]["input_tokens"] == out["usage"]["total_tokens"]
 
 
+def test_return_chunks_names_the_best_chunk_and_the_text_it_scored(http, tok, expected):
+    """The chunk's index is the best of the chunks scored alone, and its characters spell that
+    chunk's tokens; a document of one chunk spans all of its text."""
+    chunker = Chunker(tok)
+    out = http.post("/v2/rerank", json={"query": QUERY, "documents": DOCS,
+                                        "return_chunks": True}).json()
+    for result in out["results"]:
+        k, chunk = result["index"], result["chunk"]
+        assert chunk["index"] == expected[k].index(max(expected[k]))
+        ids = chunker.chunks(DOCS[k])[chunk["index"]]
+        assert DOCS[k][chunk["start"]:chunk["end"]] == tok.decode(ids).lstrip(" ")
+    assert out["results"][[r["index"] for r in out["results"]].index(1)]["chunk"] == {
+        "index": 0, "start": 0, "end": len(DOCS[1])}
+
+
+@pytest.mark.parametrize(("aggregation", "top_k", "of"), [
+    ("mean", None, lambda chunks: sum(chunks) / len(chunks)),
+    ("top_k_mean", 2, lambda chunks: sum(sorted(chunks)[-2:]) / len(sorted(chunks)[-2:])),
+    ("top_k_mean", None, lambda chunks: sum(sorted(chunks)[-3:]) / len(sorted(chunks)[-3:])),
+])
+def test_chunk_aggregation_over_the_chunks_lone_scores(http, expected, aggregation, top_k, of):
+    body = {"query": QUERY, "documents": DOCS, "chunk_aggregation": aggregation}
+    if top_k is not None:
+        body["chunk_top_k"] = top_k
+    r = http.post("/v1/rerank", json=body)
+    assert r.status_code == 200, r.text
+    scores = by_index(r.json()["results"])
+    for k, chunks in enumerate(expected):
+        assert scores[k] == pytest.approx(of(chunks), abs=1e-5)
+
+
 def test_litellm_rerank_gets_the_same_scores(service, expected):
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import
     import litellm

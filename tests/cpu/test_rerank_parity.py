@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from ranker_contract.config import AppConfig, RerankConfig, RerankPrompt
 from serve_app.protocol import ApiError, RerankRequest
-from serve_app.rerank import RerankPrompter, best_chunks, check_rerank, relevance
+from serve_app.rerank import RerankPrompter, aggregate, check_rerank, relevance
 from serve_app.routes import RerankRoute
 from serve_app.scoring import pack
 from serve_app.tokenizer import TextTokenizer
@@ -195,6 +196,61 @@ def test_chunks_past_the_request_limit_are_a_413_and_no_room_for_a_document_a_40
     assert exc.value.status == 400 and exc.value.param == "query"
 
 
+CHUNK_SCORES, CHUNK_DOCUMENTS = [0.1, 0.7, 0.3, 0.5, 0.2], [0, 0, 0, 1, 2]
+
+
 def test_the_best_chunk_is_the_documents_score():
-    scores, best = best_chunks([0.1, 0.7, 0.3, 0.5, 0.2], [0, 0, 0, 1, 2], 3)
-    assert scores == [0.7, 0.5, 0.2] and best == {0: 1}
+    scores, best, counts = aggregate(CHUNK_SCORES, CHUNK_DOCUMENTS, 3)
+    assert scores == [0.7, 0.5, 0.2] and best == [1, 0, 0] and counts == [3, 1, 1]
+
+
+@pytest.mark.parametrize(("how", "top_k", "want"), [
+    ("mean", 3, [(0.1 + 0.7 + 0.3) / 3, 0.5, 0.2]),
+    ("top_k_mean", 2, [(0.7 + 0.3) / 2, 0.5, 0.2]),
+    ("top_k_mean", 1, [0.7, 0.5, 0.2]),
+    ("top_k_mean", 5, [(0.1 + 0.7 + 0.3) / 3, 0.5, 0.2]),  # fewer chunks than k: all
+])
+def test_mean_and_top_k_mean_aggregate_a_documents_chunks(how, top_k, want):
+    scores, best, _ = aggregate(CHUNK_SCORES, CHUNK_DOCUMENTS, 3, how, top_k)
+    assert scores == pytest.approx(want, rel=1e-12) and best == [1, 0, 0]
+
+
+def test_chunk_top_k_without_top_k_mean_is_a_400_naming_it(default_model_path):
+    _, route = _chunking(default_model_path, window=120)
+    with pytest.raises(ApiError) as exc:
+        _request(route, documents=["d"], chunk_top_k=2)
+    assert exc.value.status == 400 and exc.value.param == "chunk_top_k"
+    with pytest.raises(ApiError) as exc:
+        _request(route, documents=["d"], chunk_aggregation="median")
+    assert exc.value.status == 400 and exc.value.param == "chunk_aggregation"
+
+
+@pytest.mark.parametrize("overlap", [0, 7])
+def test_a_chunks_span_is_the_text_that_tokenizes_to_it(default_model_path, overlap):
+    """return_chunks: each chunk's (start, end) is the text its tokens spell, a leading space
+    left out; a document that fits spans all of it. (A chunk may start inside a word: its text
+    read as a document of its own can then be other tokens.)"""
+    prompter, route = _chunking(default_model_path, window=120, overlap=overlap)
+    doc = " ".join(f"word{k}, café — naïve {k}." for k in range(60))
+    tokens = route.tokenize_now(_request(route, documents=["short one", doc],
+                                         return_chunks=True))
+    suffix = prompter.suffix_ids
+    spell = Tokenizer.from_file(str(Path(default_model_path) / "tokenizer.json")).decode
+    assert tokens.spans[0] == (0, len("short one")) and len(tokens.items) >= 4
+    for item, (start, end) in zip(tokens.items[1:], tokens.spans[1:]):
+        assert spell(item[:-len(suffix)]).lstrip(" ") == doc[start:end]
+    assert tokens.spans[1][0] == 0 and tokens.spans[-1][1] == len(doc)
+    assert route.tokenize_now(_request(route, documents=["short one", doc])).spans is None
+
+
+@pytest.mark.parametrize("direction", ["Right", "Left"])
+def test_a_truncated_documents_span_is_the_part_kept(default_model_path, direction):
+    prompter, route = _chunking(default_model_path, window=120)
+    doc = " ".join(f"word{k}" for k in range(300))
+    tokens = route.tokenize_now(_request(route, documents=[doc], truncate=True,
+                                         truncation_direction=direction, return_chunks=True))
+    (start, end), = tokens.spans
+    assert (start == 0) == (direction == "Right") and (end == len(doc)) == (direction == "Left")
+    kept = tokens.items[0][:-len(prompter.suffix_ids)]
+    spell = Tokenizer.from_file(str(Path(default_model_path) / "tokenizer.json")).decode
+    assert spell(kept).lstrip(" ") == doc[start:end]

@@ -38,6 +38,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -471,7 +472,7 @@ def main() -> int:
 
     def write(complete: bool) -> dict:
         doc = {"gpu": gpu_name(), "commit": commit, "baseline": baselines[0] if baselines else None,
-               "command": " ".join(["python -m loadtest.headline", *sys.argv[1:]]),
+               "command": "python -m loadtest.headline " + shlex.join(sys.argv[1:]),
                "quick": args.quick, "complete": complete,
                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "seconds": round(time.monotonic() - started),

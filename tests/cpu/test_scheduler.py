@@ -318,3 +318,64 @@ def test_tokens_computed_count_finished_batches_only(sequences):
     assert isinstance(results[0], list) and isinstance(results[1], RuntimeError)
     assert isinstance(results[2], ScorerOverloaded)
     assert scheduler.tokens_computed == good.num_tokens
+
+
+def _wait_for(check, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_the_next_batch_is_packed_at_the_running_ones_expected_end_with_what_arrived(sequences):
+    """At a measured rate that makes the first batch take an expected 5 s on the device, the
+    tasks that arrive meanwhile are packed together into the next batch, launched while the
+    first is still on the device (held here), instead of the first arrival going alone."""
+    first, second, third = sequences[:3]
+    fake = FakeEngine()
+    fake.hold()
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=64),
+                          batch_token_budget=10_000,
+                          capacity_tokens_per_s=first.num_tokens / 5.0)
+    collector = Collector()
+    scheduler.submit(ScoreTask(first, LABELS, collector.callback(0)))
+    scheduler.start()
+    try:
+        _wait_for(lambda: len(fake.batches) == 1, "the first launch")
+        scheduler.submit(ScoreTask(second, LABELS, collector.callback(1)))
+        scheduler.submit(ScoreTask(third, LABELS, collector.callback(2)))
+        _wait_for(lambda: len(fake.batches) == 2, "the second launch")
+        assert fake.batches == [[id(first)], [id(second), id(third)]]
+        assert fake.on_device_at_launch == [0, 1]  # the first batch was still held
+        fake.release()
+        assert collector.wait(3) == {k: fake_scores(seq, LABELS)
+                                     for k, seq in enumerate(sequences[:3])}
+    finally:
+        fake.release()
+        scheduler.stop()
+
+
+def test_a_full_batch_waiting_is_launched_without_waiting_for_the_expected_end(sequences):
+    """Expected on the device for 1,000 s, the first batch does not hold back a next batch that
+    is already full: it is launched while the first is still held."""
+    first, rest = sequences[0], sequences[1:]
+    budget = sum(s.num_tokens for s in rest)
+    fake = FakeEngine()
+    fake.hold()
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=64),
+                          batch_token_budget=budget,
+                          capacity_tokens_per_s=first.num_tokens / 1000.0)
+    collector = Collector()
+    scheduler.submit(ScoreTask(first, LABELS, collector.callback(0)))
+    scheduler.start()
+    try:
+        _wait_for(lambda: len(fake.batches) == 1, "the first launch")
+        scheduler.submit(*(ScoreTask(seq, LABELS, collector.callback(k))
+                           for k, seq in enumerate(rest, 1)))
+        _wait_for(lambda: len(fake.batches) == 2, "the full batch's launch")
+        assert fake.batches[1] == [id(seq) for seq in rest] and fake.on_device_at_launch[1] == 1
+        fake.release()
+        assert len(collector.wait(len(sequences))) == len(sequences)
+    finally:
+        fake.release()
+        scheduler.stop()

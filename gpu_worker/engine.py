@@ -118,9 +118,6 @@ class Engine:
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graphs.token_buckets),
                                   self.dtype, device, self.lora if lora_graphs else None)
                        if cfg.cuda_graphs.enabled else None)
-        # the most tokens a batch may have and still replay a graph (0: none captured)
-        self.graph_tokens = max((g.tokens for g in self.graphs.graphs), default=0) \
-            if self.graphs is not None else 0
 
     def put_adapter(self, slot: int, adapter: Adapter) -> None:
         """Load a LoRA adapter (gpu_worker/lora.py) into `slot` (1 up to the configured slots;

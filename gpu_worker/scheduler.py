@@ -39,8 +39,6 @@ DoneCallback = Callable[[list[list[float]] | BaseException], None]
 class BatchEngine(Protocol):
     """The device side the loop drives (gpu_worker/engine.py::Engine; tests use a fake)."""
 
-    graph_tokens: int  # the most tokens a batch may have and replay a CUDA graph (0: none)
-
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
                *, adapters: list[int] | None = None) -> Any:
         """Queue one batch without waiting for it (another may still be running); returns its
@@ -330,17 +328,13 @@ class Scheduler:
         except queue.Empty:
             pass
 
-    def _enough(self) -> bool:
-        """A batch worth launching now waits: a full one, or with graphs the largest that still
-        replays one (waiting for more would make it an eager batch, slower on the host)."""
-        with self._lock:
-            return self._queued.tokens >= (self.engine.graph_tokens or self.batch_token_budget)
-
     def _pick_at(self, inflight: _Launched) -> float:
         """When to pack the batch after `inflight` (time.perf_counter()): 0 (now) where no rate
-        is measured yet, or where enough already waits."""
+        is measured yet, or where a full batch already waits."""
         rate = self.throughput.tokens_per_s
-        if not rate or self._enough():
+        with self._lock:
+            full = self._queued.tokens >= self.batch_token_budget
+        if not rate or full:
             return 0.0
         # On the device from its launch, or from the previous batch's end if later (as
         # Throughput.observe reads it). An engine whose launch computes (the CPU) is past its
@@ -350,11 +344,13 @@ class Scheduler:
         return start + PICK_SHARE * inflight.tokens / rate - lead
 
     def _admit_until(self, deadline: float, inflight: _Launched) -> None:
-        """Take arriving tasks until `deadline` (time.perf_counter()), enough waits, or
+        """Take arriving tasks until `deadline` (time.perf_counter()), a full batch waits, or
         `inflight` is done early (an estimate too long must not hold back its results)."""
         while not self._stop.is_set():
             left = deadline - time.perf_counter()
-            if left <= 0 or self._enough() or self.engine.done(inflight.step):
+            with self._lock:
+                full = self._queued.tokens >= self.batch_token_budget
+            if left <= 0 or full or self.engine.done(inflight.step):
                 return
             try:
                 self._add_waiting(self._incoming.get(timeout=min(left, DONE_POLL_S)))

@@ -90,7 +90,6 @@ class StepTimer:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.graph_tokens = engine.graph_tokens
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],

@@ -58,7 +58,6 @@ class DrivenEngine:
 
     def __init__(self, engine: Engine, eager_behind: bool) -> None:
         self.engine, self.eager_behind = engine, eager_behind
-        self.graph_tokens = engine.graph_tokens
         self.batches = self.graph_batches = self.tokens = self.on_device = 0
         graphs = engine.graphs
         if graphs is not None:

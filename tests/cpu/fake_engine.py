@@ -29,8 +29,6 @@ class FakeEngine:
     """Records every launch and finish. A batch holding a `poisoned` sequence raises `error` at
     launch, the way a device error would. hold() keeps finish() waiting until release()."""
 
-    graph_tokens = 0  # no CUDA graphs: a batch is enough when it fills the budget
-
     def __init__(self, poisoned: tuple[PackedSequence, ...] = (),
                  error: BaseException | None = None) -> None:
         self.poisoned = {id(seq) for seq in poisoned}

@@ -355,19 +355,15 @@ def test_the_next_batch_is_packed_at_the_running_ones_expected_end_with_what_arr
         scheduler.stop()
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_a_full_batch_waiting_is_launched_without_waiting_for_the_expected_end(sequences,
-                                                                             graphs):
+def test_a_full_batch_waiting_is_launched_without_waiting_for_the_expected_end(sequences):
     """Expected on the device for 1,000 s, the first batch does not hold back a next batch that
-    is already full (with CUDA graphs: as large as the largest graph): it is launched while the
-    first is still held."""
+    is already full: it is launched while the first is still held."""
     first, rest = sequences[0], sequences[1:]
-    enough = sum(s.num_tokens for s in rest)
+    budget = sum(s.num_tokens for s in rest)
     fake = FakeEngine()
-    fake.graph_tokens = enough if graphs else 0
     fake.hold()
     scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=64),
-                          batch_token_budget=10 * enough if graphs else enough,
+                          batch_token_budget=budget,
                           capacity_tokens_per_s=first.num_tokens / 1000.0)
     collector = Collector()
     scheduler.submit(ScoreTask(first, LABELS, collector.callback(0)))

@@ -303,10 +303,6 @@ class Engine:
         done.record()
         return Step((*keep, out), out_cpu, done, items_and_labels, order)
 
-    def done(self, step: Step) -> bool:
-        """The step's results are on the host (finish would not wait)."""
-        return step.done is None or step.done.query()
-
     def finish(self, step: Step) -> list[list[list[float]]]:
         """Per sequence: one row of label log-probs per item."""
         if step.done is not None:

@@ -2,10 +2,8 @@
 
 Each turn packs waiting tasks into a batch under a token budget, launches it, and only then
 finishes the previous batch (docs/ARCHITECTURE.md, "The scheduler"): the device works on batch
-N+1 while the host reads batch N's results. While a batch is on the device, the next one is
-packed only shortly before that batch is expected to end, so that what arrives meanwhile rides
-it instead of the one after. With overlap=False the same code finishes every batch right after
-launching it. `run_job` is the replica's event-loop side: admission against
+N+1 while the host reads batch N's results. With overlap=False the same code finishes every
+batch right after launching it. `run_job` is the replica's event-loop side: admission against
 the queue-wait bound in seconds of the measured throughput (docs/ARCHITECTURE.md, "Load
 control"), then one future per sequence, settled from the loop thread.
 
@@ -47,10 +45,6 @@ class BatchEngine(Protocol):
 
     def finish(self, step: Any) -> list[list[list[float]]]:
         """Wait for a launched step: per sequence, one row of label log-probs per item."""
-
-    def done(self, step: Any) -> bool:
-        """Whether a launched step's results are ready (finish would not wait), without
-        waiting."""
 
 
 @dataclass(slots=True)
@@ -106,10 +100,6 @@ class _Launched:
     tasks: list[ScoreTask]
     started: float  # time.perf_counter() at its launch, for BatchRecord.seconds
 
-    @property
-    def tokens(self) -> int:
-        return sum(t.num_tokens for t in self.tasks)
-
 
 @dataclass(frozen=True, slots=True)
 class QueueDepth:
@@ -154,17 +144,6 @@ class Throughput:
                              + THROUGHPUT_SMOOTHING * rate)
 
 
-# The next batch is packed at the expected end of the one on the device (its tokens at the
-# measured full-batch rate, which a smaller batch only reaches more slowly: the estimate errs
-# short), scaled by PICK_SHARE, less the longest host launch of the last LAUNCHES_KEPT batches
-# and PICK_MARGIN_S: late enough to take what arrived meanwhile, early enough that the device
-# never waits for the host.
-PICK_SHARE = 0.9
-PICK_MARGIN_S = 0.001
-LAUNCHES_KEPT = 32
-DONE_POLL_S = 0.0005  # while waiting to pack, how often the running batch is asked if it is done
-
-
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
     """One finished (or failed) batch, for metrics."""
@@ -196,7 +175,6 @@ class Scheduler:
         self.throughput = Throughput(capacity_tokens_per_s,
                                      int(FULL_BATCH_SHARE * batch_token_budget))
         self._last_done = 0.0  # time.perf_counter() when the last batch's results were read
-        self._launch_s: collections.deque[float] = collections.deque(maxlen=LAUNCHES_KEPT)
         self._incoming: queue.SimpleQueue[tuple[ScoreTask, ...]] = queue.SimpleQueue()
         self._waiting: collections.deque[ScoreTask] = collections.deque()
         self.adapters = adapters
@@ -300,8 +278,6 @@ class Scheduler:
         stuck = False  # the last turn launched nothing though tasks wait (adapters loading)
         while not self._stop.is_set():
             self._admit(block=inflight is None and (stuck or not self._waiting))
-            if inflight is not None:
-                self._admit_until(self._pick_at(inflight), inflight)
             if self.adapters is not None:
                 self._fail_adapters(self.adapters.step())
             launched = None
@@ -327,35 +303,6 @@ class Scheduler:
                 self._add_waiting(self._incoming.get_nowait())
         except queue.Empty:
             pass
-
-    def _pick_at(self, inflight: _Launched) -> float:
-        """When to pack the batch after `inflight` (time.perf_counter()): 0 (now) where no rate
-        is measured yet, or where a full batch already waits."""
-        rate = self.throughput.tokens_per_s
-        with self._lock:
-            full = self._queued.tokens >= self.batch_token_budget
-        if not rate or full:
-            return 0.0
-        # On the device from its launch, or from the previous batch's end if later (as
-        # Throughput.observe reads it). An engine whose launch computes (the CPU) is past its
-        # expected end by the time the launch returns: no wait.
-        start = max(inflight.started, self._last_done)
-        lead = max(self._launch_s, default=0.0) + PICK_MARGIN_S
-        return start + PICK_SHARE * inflight.tokens / rate - lead
-
-    def _admit_until(self, deadline: float, inflight: _Launched) -> None:
-        """Take arriving tasks until `deadline` (time.perf_counter()), a full batch waits, or
-        `inflight` is done early (an estimate too long must not hold back its results)."""
-        while not self._stop.is_set():
-            left = deadline - time.perf_counter()
-            with self._lock:
-                full = self._queued.tokens >= self.batch_token_budget
-            if left <= 0 or full or self.engine.done(inflight.step):
-                return
-            try:
-                self._add_waiting(self._incoming.get(timeout=min(left, DONE_POLL_S)))
-            except queue.Empty:
-                pass
 
     def _add_waiting(self, tasks: tuple[ScoreTask, ...]) -> None:
         self._waiting.extend(tasks)
@@ -445,7 +392,6 @@ class Scheduler:
             self._record(batch, started, exc)
             self._settle(batch, exc)
             return None
-        self._launch_s.append(time.perf_counter() - started)
         return _Launched(step, batch, started)
 
     def _finish(self, launched: _Launched) -> None:

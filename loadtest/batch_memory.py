@@ -47,9 +47,6 @@ class NullEngine:
     def finish(self, step):
         return step
 
-    def done(self, step):
-        return True
-
 
 class NullScore(Score):
     """The job's Score stage with the scheduling loop driving NullEngine."""

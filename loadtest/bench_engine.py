@@ -104,9 +104,6 @@ class StepTimer:
     def finish(self, step: Step) -> list[list[list[float]]]:
         return self.engine.finish(step)
 
-    def done(self, step: Step) -> bool:
-        return self.engine.done(step)
-
     def idle_share(self) -> float:
         """Share of the time from the first launch to the last step's end with no step queued."""
         busy = sum(s.elapsed_time(e) for s, e in self.events)

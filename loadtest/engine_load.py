@@ -2,7 +2,7 @@
 the engine's own capacity, and each is timed from its submission to its scores.
 
 Usage: python -m loadtest.engine_load [--shares 0.25,0.5,0.75,0.9] [--seconds 8]
-       [--precision bf16|fp8] [--policies shipped,pick_at_launch] [--out FILE] [--commit SHA]
+       [--precision bf16|fp8] [--policies shipped,eager_behind] [--out FILE] [--commit SHA]
 
 The engine, its batch budget and the scheduling loop are built from configs/score-gpu.yaml the
 way a scorer replica builds them (as loadtest/bench_engine.py does), and requests go through
@@ -15,13 +15,9 @@ share × capacity for --seconds (the first second not counted): latency p50/p99,
 mean tokens, and the share of batches that replayed a CUDA graph.
 
 Policies (how the engine is driven; the loop and engine are the shipped ones):
-- shipped: as a replica runs it (a batch that fits a CUDA graph replays it; while a batch is on
-  the device the next is packed shortly before its expected end). The loop starts from the
-  burst's measured rate, as a replica starts from its warm-up probe's.
-- pick_at_launch: the next batch is packed as soon as the previous one is launched (the rule
-  before 2026-11-28's late packing).
+- shipped: as a replica runs it (a batch that fits a CUDA graph replays it).
 - eager_behind: a batch launched while another is on the device never replays a graph (the
-  rule before graphs were replayed under load), packed as pick_at_launch.
+  rule before graphs were replayed under load).
 Prints a table; writes JSON.
 """
 
@@ -86,16 +82,6 @@ class DrivenEngine:
         self.on_device -= 1
         return self.engine.finish(step)
 
-    def done(self, step: Step) -> bool:
-        return self.engine.done(step)
-
-
-class PickAtLaunch(Scheduler):
-    """The loop packing the next batch as soon as the previous one is launched."""
-
-    def _pick_at(self, inflight) -> float:
-        return 0.0
-
 
 async def open_loop(scheduler: Scheduler, sequences: list[PackedSequence], labels: list[int],
                     rate: float, seconds: float) -> list[float]:
@@ -123,7 +109,7 @@ def main() -> None:
     p.add_argument("--shares", default="0.25,0.5,0.75,0.9")
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16")
-    p.add_argument("--policies", default="shipped,pick_at_launch")
+    p.add_argument("--policies", default="shipped,eager_behind")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_load.json")
     p.add_argument("--commit", help="the commit measured (default: $COMMIT, else git HEAD)")
     args = p.parse_args()
@@ -142,15 +128,12 @@ def main() -> None:
     run_scheduler(engine, sequences[:64], burst, budget, labels)  # compile and warm
     seconds, _ = run_scheduler(engine, sequences, burst, budget, labels)
     capacity_rps = len(sequences) / seconds
-    capacity_tokens_per_s = sum(s.num_tokens for s in sequences) / seconds
 
     rows = []
     for policy in args.policies.split(","):
         for share in map(float, args.shares.split(",")):
             driven = DrivenEngine(engine, eager_behind=policy == "eager_behind")
-            loop = Scheduler if policy == "shipped" else PickAtLaunch
-            scheduler = loop(driven, app.scheduler, budget,
-                             capacity_tokens_per_s=capacity_tokens_per_s)
+            scheduler = Scheduler(driven, app.scheduler, budget)
             scheduler.start()
             latencies = asyncio.run(open_loop(scheduler, sequences, labels,
                                               share * capacity_rps, args.seconds))

@@ -61,9 +61,6 @@ class FakeEngine:
         return FakeStep(number, [fake_scores(seq, ids) for seq, ids
                                  in zip(sequences, label_ids_per_sequence, strict=True)])
 
-    def done(self, step: FakeStep) -> bool:
-        return self._released.is_set()
-
     def finish(self, step: FakeStep) -> list[list[list[float]]]:
         self.finishing.set()
         if not self._released.wait(HOLD_TIMEOUT_S):

@@ -1,0 +1,128 @@
+"""The docs name code that exists. Written in backticks in README.md and docs/*.md:
+- `path/to/file.py` is a file, and `path/to/file.py::Name.attr` and `package.module(.name)` of
+  this repository's packages resolve to a module-level name in it (a class's attribute or
+  method where the name continues);
+- `Class.name`, where this repository defines a class of that name, is defined in one of them.
+Read from the source with `ast`: nothing is imported, so modules that need a GPU are checked
+too."""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("serve_app", "gpu_worker", "ranker_app", "ranker_contract", "ranker_batch",
+            "tools", "loadtest")
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FILE_REF = re.compile(r"`([\w/]+\.py)::([\w.]+)`")
+DOTTED_REF = re.compile(rf"`((?:{'|'.join(PACKAGES)})(?:\.\w+)+)`")
+PATH_REF = re.compile(rf"`((?:{'|'.join(PACKAGES)}|tests|scripts)/[\w/]+\.py)`")
+METHOD_REF = re.compile(r"`([A-Z]\w+)\.(\w+)`")
+
+
+@cache
+def defined(path: Path) -> dict[str, set[str]]:
+    """Module-level names of a file, and for each class the names defined in its body (methods,
+    attributes): {"": module names, "Class": its names}."""
+    tree = ast.parse(path.read_text())
+    names: dict[str, set[str]] = {"": set()}
+
+    def bound(node: ast.stmt) -> list[str]:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return [node.name]
+        if isinstance(node, ast.Assign):
+            return [t.id for t in node.targets if isinstance(t, ast.Name)]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            return [node.target.id]
+        return []
+
+    for node in tree.body:
+        names[""].update(bound(node))
+        if isinstance(node, ast.ClassDef):
+            names[node.name] = {n for child in node.body for n in bound(child)}
+    return names
+
+
+def resolves(path: Path, chain: list[str]) -> bool:
+    if not chain:
+        return True
+    names = defined(path)
+    if chain[0] not in names[""]:
+        return False
+    return len(chain) == 1 or (chain[0] in names and chain[1] in names[chain[0]])
+
+
+def references() -> list[tuple[str, Path | None, list[str]]]:
+    """(as written, its file or None, the names after the module) for every reference."""
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in FILE_REF.finditer(text):
+            found.append((m[0], REPO / m[1], m[2].split(".")))
+        for m in DOTTED_REF.finditer(text):
+            parts = m[1].split(".")
+            # the longest prefix that is a module (a file, or a package's __init__.py); the
+            # rest are names in it (none: the reference is the module itself)
+            for k in range(len(parts), 0, -1):
+                path = REPO.joinpath(*parts[:k]).with_suffix(".py")
+                if not path.is_file():
+                    path = REPO.joinpath(*parts[:k], "__init__.py")
+                if path.is_file():
+                    found.append((m[0], path, parts[k:]))
+                    break
+            else:
+                found.append((m[0], None, parts))
+    return found
+
+
+@cache
+def classes() -> dict[str, list[Path]]:
+    """Each class this repository's packages define: the files that define one of that name."""
+    found: dict[str, list[Path]] = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for name in defined(path):
+                if name:
+                    found.setdefault(name, []).append(path)
+    return found
+
+
+def paths_and_methods() -> list[tuple[str, Path | None, list[str]]]:
+    """References by file path alone, and `Class.name` of a class defined here."""
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        found += [(m[0], REPO / m[1], []) for m in PATH_REF.finditer(text)]
+        for m in METHOD_REF.finditer(text):
+            for path in classes().get(m[1], []):
+                if resolves(path, [m[1], m[2]]):
+                    found.append((m[0], path, [m[1], m[2]]))
+                    break
+            else:
+                if m[1] in classes():
+                    found.append((m[0], classes()[m[1]][0], [m[1], m[2]]))
+    return found
+
+
+def test_the_docs_name_code_at_all():
+    # the patterns still find what the docs write
+    assert len(references()) >= 10 and len(paths_and_methods()) >= 50
+
+
+@pytest.mark.parametrize(("written", "path", "chain"), references(),
+                         ids=[r[0] for r in references()])
+def test_each_named_function_or_class_exists(written, path, chain):
+    assert path is not None and path.is_file(), f"{written}: no such module"
+    assert resolves(path, chain), f"{written}: {'.'.join(chain)} is not defined in {path.name}"
+
+
+@pytest.mark.parametrize(("written", "path", "chain"), paths_and_methods(),
+                         ids=[r[0] for r in paths_and_methods()])
+def test_each_named_file_and_method_exists(written, path, chain):
+    assert path.is_file(), f"{written}: no such file"
+    assert resolves(path, chain), f"{written}: not defined in {path.relative_to(REPO)}"

@@ -66,8 +66,14 @@ def main() -> int:
     items = [[rng.choices(range(vocab), k=ITEM_LEN) for _ in range(args.items)]
              for _ in range(args.queries)]
 
-    lone = {(q, i): score(engine, [[pack_multi_item(queries[q], [items[q][i]], 0)]], labels)[0][0]
-            for q in range(args.queries) for i in range(args.items)}
+    singles = {(q, i): pack_multi_item(queries[q], [items[q][i]], 0)
+               for q in range(args.queries) for i in range(args.items)}
+
+    def alone(eager: bool) -> dict:
+        return {key: score(engine, [[seq]], labels, eager=eager)[0][0]
+                for key, seq in singles.items()}
+
+    lone = alone(eager=False)
     requests = [pack_multi_item(queries[q], items[q], 0) for q in range(args.queries)]
     orders = [rng.sample(range(args.items), args.items) for _ in range(args.queries)]
     shuffled = [pack_multi_item(queries[q], [items[q][i] for i in orders[q]], 0)
@@ -77,9 +83,7 @@ def main() -> int:
         return {(q, i): results[q][i] for q in range(args.queries) for i in range(args.items)}
 
     compositions = {
-        "alone_eager": {(q, i): score(engine, [[pack_multi_item(queries[q], [items[q][i]], 0)]],
-                                      labels, eager=True)[0][0]
-                        for q in range(args.queries) for i in range(args.items)},
+        "alone_eager": alone(eager=True),
         "request": by_request(score(engine, [[r] for r in requests], labels)),
         "batch_of_2": by_request(score(engine, [requests[k:k + 2]
                                                 for k in range(0, len(requests), 2)], labels)),

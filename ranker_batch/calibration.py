@@ -38,8 +38,9 @@ def _platt(z: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(a, b) of σ(a·z + b) with the least log-loss and a ≥ 0: a map must not reverse the
     model's order (a reranker answers sorted by it). Where the best a is negative, the raw
     scores rank against the labels and a = 0, the base rate, is the best that keeps order."""
+    base_rate = 0.0, float(logit(np.mean(y)))
     if not np.any(y > 0) or not np.any(y < 1):  # one class only: no slope to fit
-        return 0.0, float(logit(np.mean(y)))
+        return base_rate
     x = np.stack([z, np.ones_like(z)], axis=1)
     theta = np.array([1.0, 0.0])
     for _ in range(NEWTON_STEPS):
@@ -50,9 +51,7 @@ def _platt(z: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         theta -= step
         if np.max(np.abs(step)) < NEWTON_TOL:
             break
-    if theta[0] < 0:
-        return 0.0, float(logit(np.mean(y)))
-    return float(theta[0]), float(theta[1])
+    return base_rate if theta[0] < 0 else (float(theta[0]), float(theta[1]))
 
 
 def _isotonic(z: np.ndarray, y: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:

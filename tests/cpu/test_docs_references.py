@@ -57,6 +57,7 @@ def resolves(path: Path, chain: list[str]) -> bool:
     return len(chain) == 1 or (chain[0] in names and chain[1] in names[chain[0]])
 
 
+@cache
 def references() -> list[tuple[str, Path | None, list[str]]]:
     """(as written, its file or None, the names after the module) for every reference."""
     found = []
@@ -92,6 +93,7 @@ def classes() -> dict[str, list[Path]]:
     return found
 
 
+@cache
 def paths_and_methods() -> list[tuple[str, Path | None, list[str]]]:
     """References by file path alone, and `Class.name` of a class defined here."""
     found = []

@@ -140,15 +140,19 @@ def run_paged(wrapper, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 class FlashInferAttention:
     """One per engine. `plan()` once per batch, then the model calls it once per layer.
-    `pool`: the prefix cache's K/V, [layers, slots, 2, Hkv, D], or None."""
+    `pool`: the prefix cache's K/V, [layers, slots, 2, Hkv, D], or None. `split_kv`: let
+    FlashInfer split a small batch's K/V over more CTAs and merge the parts, a summation order
+    that follows the batch (False where scores are deterministic, docs/ARCHITECTURE.md,
+    "Deterministic scores")."""
 
     def __init__(self, cfg: ModelConfig, device: torch.device,
-                 pool: torch.Tensor | None = None) -> None:
+                 pool: torch.Tensor | None = None, split_kv: bool = True) -> None:
         import flashinfer
 
         self.cfg = cfg
         self.device = device
         self.pool = pool
+        self._split = {} if split_kv else {"disable_split_kv": True}
         self.workspace_gpu = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace_gpu, "NHD", backend="fa2")
@@ -165,12 +169,13 @@ class FlashInferAttention:
         """Plan the batch; returns the tensors that must stay alive until the batch finished."""
         readers = leading_cached(cached_slots)
         self._fence.wait()
-        keep = plan_wrapper(self.wrapper, self.cfg, self.device, *paged_layout(sequences), dtype)
+        keep = plan_wrapper(self.wrapper, self.cfg, self.device, *paged_layout(sequences), dtype,
+                            **self._split)
         self.cached_rows = 0
         if readers:
             layout = cached_layout(sequences[:readers], cached_slots[:readers])
             keep += plan_wrapper(self.cached_wrapper, self.cfg, self.device, *layout, dtype,
-                                 causal=False)
+                                 causal=False, **self._split)
             self.cached_rows = layout[0][-1]
         self._fence.issued()
         return keep

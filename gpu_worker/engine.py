@@ -23,13 +23,19 @@ from gpu_worker.heads import AdapterHeads, SequenceClassifierForScoring
 from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.loader import load_model
 from gpu_worker.lora import Adapter, LoraBatch, lora_linears
-from gpu_worker.model import AttentionBackend, CausalLMForScoring
+from gpu_worker.model import AttentionBackend, CausalLMForScoring, Linear
 from gpu_worker.ops import CudaOps, TorchOps
 from gpu_worker.prefix_cache import CachePlan, InsertingAttention, PrefixCache
 from gpu_worker.startup import check_pool_fits
 from ranker_contract.config import EngineConfig, LoraConfig
 from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import PackedSequence
+
+
+# Linears of fewer rows run padded to this many where scores are deterministic: cuBLAS sums
+# every row count from here the same way on the shapes measured (docs/BENCHMARKS.md,
+# "Deterministic scores").
+DETERMINISTIC_MIN_ROWS = 256
 
 
 @dataclass(slots=True)
@@ -91,8 +97,13 @@ class Engine:
             self.prefix_cache = PrefixCache(mcfg, pc.tokens, pc.min_tokens, pc.min_query_share,
                                             pc.page_tokens, self.dtype, device)
         pool = self.prefix_cache.kv if self.prefix_cache else None
-        self.attention: AttentionBackend = (FlashInferAttention(mcfg, device, pool) if fused
-                                            else TorchAttention(device, pool))
+        self.attention: AttentionBackend = (
+            FlashInferAttention(mcfg, device, pool, split_kv=not cfg.deterministic) if fused
+            else TorchAttention(device, pool))
+        if fused and cfg.deterministic:  # docs/ARCHITECTURE.md, "Deterministic scores"
+            for module in model.modules():
+                if isinstance(module, Linear):
+                    module.min_rows = DETERMINISTIC_MIN_ROWS
         # Adapters: slot k + 1 holds adapters[k] (None: empty). The slots are allocated before
         # the graphs, which read them, and before the batch budget is measured.
         self.adapters: list[Adapter | None] = []
@@ -253,7 +264,8 @@ class Engine:
         try:
             with torch.inference_mode():
                 hidden = self.model.model(ids, pos, rows, self.ops, attend)
-                out = self.model.label_logprobs(hidden, label_rows_dev, label_ids_dev)
+                out = self.model.label_logprobs(hidden, label_rows_dev, label_ids_dev,
+                                                self.ops)
         except BaseException:
             if cache is not None:  # its new entries were never filled: no later batch may hit
                 self.prefix_cache.forget(cache)

@@ -120,7 +120,7 @@ def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAtte
 
     def forward() -> torch.Tensor:
         hidden = model.model(ids, positions, score_rows, ops, attention)
-        return model.label_logprobs(hidden, label_rows, label_ids)
+        return model.label_logprobs(hidden, label_rows, label_ids, ops)
 
     def capture(run) -> torch.cuda.CUDAGraph:
         side = torch.cuda.Stream()  # warm-up (Triton/JIT compiles, allocator) off the capture

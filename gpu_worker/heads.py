@@ -68,6 +68,7 @@ class SequenceClassifierForScoring(nn.Module):
         hidden: torch.Tensor,  # [R, hidden] at the score rows
         label_rows: torch.Tensor,  # [N] int64: which score row each output belongs to
         label_ids: torch.Tensor,  # [N] int64: which class
+        ops=None,  # unused: no normalisation over classes
     ) -> torch.Tensor:
         """[N] fp32 class logits gathered at (row, class). The head runs in fp32: it is
         [R, hidden] x [hidden, classes], negligible next to the decoder, and a bf16 logit

@@ -56,10 +56,23 @@ class Ops(Protocol):
     def prepare_qkv(self, qkv, positions, attn: Attention): ...
     def gate_up_silu(self, x, weight): ...
     def silu_and_mul(self, gate_up): ...
+    def log_sum_exp(self, logits): ...
 
 
 class Linear(nn.Linear):
     """A decoder linear in the model's float dtype; its input is plain rows [M, K]."""
+
+    # Fewer rows than this are padded up to it (the engine sets it where scores are
+    # deterministic): for few rows cuBLAS may split the K sum, and how depends on the row
+    # count, so a row's result would follow the batch (docs/ARCHITECTURE.md, "Deterministic
+    # scores").
+    min_rows = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if rows >= self.min_rows:
+            return super().forward(x)
+        return super().forward(nn.functional.pad(x, (0, 0, 0, self.min_rows - rows)))[:rows]
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """`x` in the form this linear reads."""
@@ -196,8 +209,9 @@ class CausalLMForScoring(nn.Module):
         hidden: torch.Tensor,  # [R, hidden] at the score rows
         label_rows: torch.Tensor,  # [N] int64: which score row each output belongs to
         label_ids: torch.Tensor,  # [N] int64: which vocabulary entry
+        ops: Ops,
     ) -> torch.Tensor:
         """[N] fp32 log-probabilities over the full vocabulary, gathered at (row, label)."""
-        logits = self.lm_head(hidden).float()  # [R, V]: lm_head only at the score rows
-        log_z = torch.logsumexp(logits, dim=-1)  # [R]
-        return logits[label_rows, label_ids] - log_z[label_rows]
+        logits = self.lm_head(hidden)  # [R, V]: lm_head only at the score rows
+        log_z = ops.log_sum_exp(logits)  # [R] fp32
+        return logits[label_rows, label_ids].float() - log_z[label_rows]

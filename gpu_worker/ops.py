@@ -91,6 +91,10 @@ class TorchOps:
         """silu(gate) * up of the packed gate/up projection (no bias)."""
         return self.silu_and_mul(F.linear(x, weight))
 
+    def log_sum_exp(self, logits: torch.Tensor) -> torch.Tensor:
+        """[R, V] → [R] fp32."""
+        return torch.logsumexp(logits.float(), dim=-1)
+
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
@@ -121,12 +125,14 @@ class CudaOps:
 
         from gpu_worker.add_norm_kernel import add_rms_norm_fp32_residual
         from gpu_worker.fp8 import FP8_MAX, MIN_SCALE
+        from gpu_worker.logsumexp_kernel import log_sum_exp_rows
         from gpu_worker.qkv_kernel import qkv_prepare
 
         self._rmsnorm = rmsnorm
         self._add_rms_norm_fp32_residual = add_rms_norm_fp32_residual
         self._fp8_limits = (FP8_MAX, MIN_SCALE)
         self._qkv_prepare, self._silu_and_mul = qkv_prepare, silu_and_mul
+        self.log_sum_exp = log_sum_exp_rows  # a row's result independent of the batch
         # The fused kernel loads its tiles by TMA: Hopper (compute capability 9) or newer.
         self.fused_gate_up = torch.cuda.get_device_capability(device)[0] >= 9
         if self.fused_gate_up:  # its module needs a triton with TMA descriptors

@@ -14,8 +14,9 @@ Compositions, each through Engine.launch / finish:
 - batch_of_2: two requests per batch (fits a graph of the shipped buckets);
 - one_batch: every request in one batch (eager: larger than the largest graph);
 - shuffled: the items of each request in another order, one batch of all.
-Writes per composition the pairs that differ, and the largest |Δ log-prob|. Nothing here is a
-deterministic mode: it measures the default one.
+Writes per composition the pairs that differ, and the largest |Δ log-prob|, for the config's
+engine as shipped (engine.deterministic on: docs/ARCHITECTURE.md, "Deterministic scores"); the
+GPU suite asserts the guarantee (tests/gpu/test_gpu_batch_invariance.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.6b-random]
        [--budget 65536] [--no-hf]
        [--modes engine,sync,one_per_item,fp8,fp8_bf16_o,classifier,classifier_from_labels,lora,
-                lora_fp8]
+                lora_fp8,deterministic]
        [--classifier-model models/qwen3-0.6b-cls-random] [--fp8-settings no_down,edges2]
        [--commit SHA]
 
@@ -37,6 +37,11 @@ projections, written by peft at start) named by a lone request while every slot 
 submit to scores through the scheduling loop, which reads it from disk and loads it in place
 of the least recently used (median of 3). `lora_fp8` does the same on the shipped engine with
 precision fp8 (the adapters' deltas in bf16), its base row being that FP8 engine's.
+
+The `deterministic` mode prices deterministic scores (engine.deterministic, on in the shipped
+config): the shipped engine built with it off, bf16 and (without graphs, as the fp8 row) fp8,
+on the same sequences, and a lone 1-item request timed on the shipped engine and the one with it
+off (median of LONE_REPS, each a graph replay).
 """
 
 from __future__ import annotations
@@ -232,6 +237,34 @@ def lone_request_ms(engine: Engine, sequence: PackedSequence, labels: list[int],
     return sorted(times[5:])[LONE_REPS // 2] * 1e3
 
 
+def bench_deterministic(model: Path, engine_cfg: EngineConfig, shipped: Engine, sequences,
+                        requests, labels: list[int], bench, results: dict) -> dict:
+    """The deterministic mode: its rows, and the ratios of the shipped (deterministic) engine's
+    items/s and lone latency to the same engine with it off."""
+    off_cfg = EngineConfig.model_validate(engine_cfg.model_dump() | {"deterministic": False})
+    torch.cuda.empty_cache()
+    off = Engine.from_config(model, off_cfg)
+    bench("bf16, deterministic off", off, sequences)
+    query, items = requests[0]
+    lone = pack_multi_item(query, items[:1], 0)
+    out = {"lone_request_ms": lone_request_ms(shipped, lone, labels, 0),
+           "lone_request_ms_off": lone_request_ms(off, lone, labels, 0)}
+    del off
+    out["lone_delta_ms"] = out["lone_request_ms"] - out["lone_request_ms_off"]
+    out["bf16_ratio"] = (results["engine"]["items_per_s"]
+                         / results["bf16, deterministic off"]["items_per_s"])
+    if "fp8 W8A8" in results:  # its engine as that row's: no graphs
+        torch.cuda.empty_cache()
+        fp8_off = Engine.from_config(model, without_graphs(
+            engine_cfg, precision="fp8", deterministic=False))
+        bench("fp8, deterministic off", fp8_off, sequences)
+        del fp8_off
+        out["fp8_ratio"] = (results["fp8 W8A8"]["items_per_s"]
+                            / results["fp8, deterministic off"]["items_per_s"])
+    torch.cuda.empty_cache()
+    return out
+
+
 def bench_lora(model: Path, engine_cfg: EngineConfig, sched: SchedulerConfig, budget: int,
                sequences, labels: list[int], bench, name: str = "LoRA",
                base_name: str = "base") -> dict:
@@ -361,6 +394,11 @@ def main():
         del engine
         torch.cuda.empty_cache()
 
+    deterministic = None
+    if "deterministic" in modes:
+        deterministic = bench_deterministic(args.model, app.engine, fast, multi, requests,
+                                            labels, bench, results)
+
     lora = None
     if "lora" in modes:
         torch.cuda.empty_cache()
@@ -399,6 +437,7 @@ def main():
         "modes": results,
         "lora": lora,
         "lora_fp8": lora_fp8,
+        "deterministic": deterministic,
         "gpu": torch.cuda.get_device_name(),
         "commit": args.commit or os.environ.get("COMMIT") or git_commit(),
         "torch": torch.__version__,
@@ -423,6 +462,11 @@ def main():
                   f"{figures['lone_request_ms']:.2f} ms with an adapter, "
                   f"{figures['base_lone_request_ms']:.2f} ms without; an adapter's first use "
                   f"{figures['first_use_ms']:.0f} ms")
+    if deterministic:
+        print(f"deterministic ÷ off: bf16 {deterministic['bf16_ratio']:.3f}, fp8 "
+              f"{deterministic.get('fp8_ratio') or float('nan'):.3f}; lone request "
+              f"{deterministic['lone_request_ms']:.2f} ms against "
+              f"{deterministic['lone_request_ms_off']:.2f} ms")
     print(f"bench_engine: engine {engine_rate:.0f} items/s = {engine_rate / ceiling:.0%} of ceiling"
           + (f", {engine_rate / hf:.2f}x HF" if hf else "") + f" on {out['gpu']}")
 

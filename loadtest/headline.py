@@ -81,6 +81,8 @@ FIGURES = {
     "goodput_1.2x_ratio": True, "goodput_1.5x_ratio": True, "goodput_3x_ratio": True,
     "long_10000x64_s": False, "long_100x8000_s": False,
     "prefix_profile_ratio": True, "service_start_s": False,
+    "deterministic_bf16_ratio": True, "deterministic_fp8_ratio": True,
+    "deterministic_lone_delta_ms": False,
 }
 LONG_SHAPES = {"long_10000x64_s": (10_000, 64), "long_100x8000_s": (100, 8_000)}
 # measures of the machine or of the run, not of the code: in the diff, never a regression
@@ -121,7 +123,7 @@ def engine_figures(tree: Tree, quick: bool, out_dir: Path) -> dict:
     """bench_engine of `tree`, run from its folder on the shared model: its figures, or {}
     where it failed or no GPU is here."""
     out = out_dir / f"engine_{tree.label}.json"
-    modes = "engine,fp8" if quick else "engine,fp8,lora"
+    modes = "engine,fp8,deterministic" if quick else "engine,fp8,deterministic,lora"
     env = os.environ | {"PYTHONPATH": os.pathsep.join(
         [str(tree.path), *filter(None, [os.environ.get("PYTHONPATH")])]), "COMMIT": tree.commit}
     started = time.monotonic()
@@ -148,7 +150,10 @@ def engine_figures(tree: Tree, quick: bool, out_dir: Path) -> dict:
             "engine_fp8_items_per_s": rate("fp8 W8A8") and round(rate("fp8 W8A8"), 1),
             "ceiling_items_per_s": round(doc["ceiling_items_per_s"], 1),
             "lora_1_adapter_ratio": ratio("LoRA, 1 adapter on all"),
-            "lora_16_mixed_ratio": ratio("LoRA, 16 mixed")}
+            "lora_16_mixed_ratio": ratio("LoRA, 16 mixed"),
+            **{f"deterministic_{key}": round(value, 4)
+               for key, value in (doc.get("deterministic") or {}).items()
+               if key in ("bf16_ratio", "fp8_ratio", "lone_delta_ms")}}
 
 
 # ---- the service: every tree's application on one Ray cluster -------------------------------

@@ -45,6 +45,9 @@ LABELS = {
     "long_100x8000_s": ("rerank of 100 documents × 8,000 words", "s"),
     "prefix_profile_ratio": ("prefix cache on ÷ off, profile workload", "ratio"),
     "service_start_s": ("service start to every application healthy", "s"),
+    "deterministic_bf16_ratio": ("engine, deterministic scores (shipped) ÷ off, bf16", "ratio"),
+    "deterministic_fp8_ratio": ("the same, FP8", "ratio"),
+    "deterministic_lone_delta_ms": ("engine, lone 1-item request: deterministic − off", "ms"),
 }
 TARGETS = {"readme": REPO_ROOT / "README.md", "benchmarks": REPO_ROOT / "docs" / "BENCHMARKS.md"}
 NOT_MEASURED = "not measured"

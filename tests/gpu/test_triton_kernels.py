@@ -217,3 +217,20 @@ def test_lora_shrink_reads_an_fp8_linears_quantized_rows_as_their_dequantized_va
           f"rel. difference from the slices {err:.2e}")
     assert same >= 0.99 and err <= 2**-7
     assert bool((t[slots == 0] == 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [1, 64, 4096, 151_936])
+def test_log_sum_exp_rows_matches_reference_and_ignores_the_other_rows(dtype, cols):
+    from gpu_worker.logsumexp_kernel import log_sum_exp_rows
+
+    gen = torch.Generator().manual_seed(cols)
+    x = (torch.randn(40, cols, generator=gen) * 8).to(dtype).to(DEVICE)
+    x[3, cols // 2] = 300.0  # one logit far above the rest: the running maximum moves
+    got = log_sum_exp_rows(x)
+    want = torch.logsumexp(x.double(), dim=-1)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-5), (got - want).abs().max()
+    # a row's bits do not depend on which or how many rows come with it
+    for rows in ([7], [0, 7], list(range(7, 40))):
+        assert torch.equal(log_sum_exp_rows(x[rows])[rows.index(7)], got[7])

@@ -1,0 +1,99 @@
+"""Deterministic scores (docs/ARCHITECTURE.md, "Deterministic scores"): 1,000 random (query,
+item) pairs, each scored alone as the reference (a CUDA graph replay), then in other
+compositions; every label log-prob must equal its lone one bit for bit, bf16 and FP8.
+
+Queries and items of 32 to 300 tokens, the lengths the guarantee covers; how far shorter ones
+and the prefix cache move a score is measured by loadtest/batch_invariance.py."""
+
+import random
+
+import pytest
+
+from gpu_worker.engine import Engine
+from ranker_contract.config import EngineConfig
+from ranker_contract.packing import pack_request
+from tests.gpu.conftest import LABELS, ids
+
+QUERIES, ITEMS_PER_QUERY = 10, 100
+
+
+def pack(query, items, max_seq_tokens=8192):
+    return pack_request(query, items, item_first=False, delimiter_id=0,
+                        max_seq_tokens=max_seq_tokens, max_context=32768)
+
+
+def score_requests(engine, batches, eager=False):
+    """`batches`: lists of requests, each (its pair keys, its packed sequences). Returns
+    {pair key: label log-probs}."""
+    scores = {}
+    for batch in batches:
+        sequences = [seq for _, seqs in batch for seq in seqs]
+        rows = engine.finish(engine.launch(sequences, [LABELS] * len(sequences), eager=eager))
+        at = 0
+        for keys, seqs in batch:
+            items = [row for per_seq in rows[at:at + len(seqs)] for row in per_seq]
+            at += len(seqs)
+            scores.update(zip(keys, items, strict=True))
+    return scores
+
+
+@pytest.fixture(scope="module", params=["bf16", "fp8"])
+def engine(request, qwen3_path):
+    cfg = EngineConfig(device="cuda", precision=request.param, cuda_graphs={"enabled": True})
+    assert cfg.deterministic  # the shipped default
+    return Engine.from_config(qwen3_path, cfg)
+
+
+def test_a_score_does_not_depend_on_its_batch(engine):
+    rng = random.Random(53)
+    queries = [ids(rng, rng.randint(32, 200)) for _ in range(QUERIES)]
+    items = {(q, i): ids(rng, rng.randint(32, 300))
+             for q in range(QUERIES) for i in range(ITEMS_PER_QUERY)}
+
+    def request(keys):
+        return keys, pack(queries[keys[0][0]], [items[k] for k in keys])
+
+    alone = [[request([key])] for key in items]
+    lone = score_requests(engine, alone)
+    assert all(engine.graphs.pick(seqs, 1, len(LABELS)) for [(_, seqs)] in alone)
+
+    # each query's items in one request of 100, split over several sequences of 4,096 tokens
+    whole = [[(keys, pack(queries[q], [items[k] for k in keys], max_seq_tokens=4096))]
+             for q in range(QUERIES)
+             for keys in [rng.sample([(q, i) for i in range(ITEMS_PER_QUERY)], ITEMS_PER_QUERY)]]
+    # every query's items shuffled into requests of 1 to 40, shuffled into batches of 1 to 6
+    requests = []
+    for q in range(QUERIES):
+        keys = rng.sample([(q, i) for i in range(ITEMS_PER_QUERY)], ITEMS_PER_QUERY)
+        while keys:
+            n = rng.randint(1, 40)
+            requests.append(request(keys[:n]))
+            keys = keys[n:]
+    rng.shuffle(requests)
+    mixed, at = [], 0
+    while at < len(requests):
+        n = rng.randint(1, 6)
+        mixed.append(requests[at:at + n])
+        at += n
+    def fits_a_graph(batch):
+        n = sum(len(keys) for keys, _ in batch)
+        return engine.graphs.pick([s for _, seqs in batch for s in seqs], n,
+                                  n * len(LABELS)) is not None
+
+    graphs_used = sum(map(fits_a_graph, mixed))
+    assert 0 < graphs_used < len(mixed)  # both paths in the mixed run
+
+    compositions = {
+        "alone, eager": score_requests(engine, alone, eager=True),
+        "100 items in one request, several sequences": score_requests(engine, whole),
+        "mixed requests and batches, graphs where they fit": score_requests(engine, mixed),
+        "the same batches, eager": score_requests(engine, mixed, eager=True),
+    }
+    differ = {}
+    for name, got in compositions.items():
+        assert got.keys() == lone.keys(), name
+        deltas = [max(abs(a - b) for a, b in zip(got[k], lone[k])) for k in lone]
+        differ[name] = (sum(d > 0 for d in deltas), max(deltas))
+        print(f"{name}: {differ[name][0]} of {len(deltas)} pairs differ, max |Δ| "
+              f"{differ[name][1]:.3g}")
+    assert all(n == 0 for n, _ in differ.values()), differ

@@ -138,7 +138,7 @@ class EngineConfig(_Settings):
     deterministic: bool = Field(
         True, description="cuda: an item's score does not depend on what it is batched with "
         "(docs/OPERATIONS.md, 'Deterministic scores'); false lets FlashInfer split a small "
-        "batch's attention and runs score rows unpadded")
+        "batch's attention and runs linears of few rows unpadded")
     torch_threads: int = Field(0, ge=0, description="cpu only; 0 = one per core")
 
     @model_validator(mode="before")

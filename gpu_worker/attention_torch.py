@@ -1,9 +1,12 @@
-"""`torch` attention backend: SDPA per sequence with an explicit mask from the packing metadata.
+"""`torch` attention backend: SDPA per attention block, from the packing metadata.
 
-Used on CPU, in CI, and as the reference for the GPU backend. The mask is the multi-item rule
-(docs/ARCHITECTURE.md, "The packing contract"), built from prefix_len and block_ends only, never
+Used on CPU, in CI, and as the reference for the GPU backend. The multi-item rule
+(docs/ARCHITECTURE.md, "The packing contract") is built from prefix_len and block_ends only, never
 from token values: block 0 is causal; a row of a later block sees the query rows
-[0, prefix_len) and the rows of its own block up to itself.
+[0, prefix_len) and the rows of its own block up to itself. As on the GPU, each block is its own
+SDPA call over exactly those keys, so an item's attention is the same computation whatever else
+its sequence holds (docs/ARCHITECTURE.md, "Deterministic scores"), and no masked-out key costs
+anything.
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ def cached_query_mask(seq: PackedSequence, cached: int) -> torch.Tensor:
     return torch.cat([torch.ones(seq.num_tokens, cached, dtype=torch.bool), own], dim=1)
 
 
+def block_mask(prefix: int, rows: int) -> torch.Tensor:
+    """[rows, prefix + rows] bool: every row sees the `prefix` keys, then its block up to
+    itself."""
+    own = torch.ones(rows, rows, dtype=torch.bool).tril()
+    return torch.cat([torch.ones(rows, prefix, dtype=torch.bool), own], dim=1)
+
+
 class TorchAttention:
     """`plan()` once per batch (the per-sequence masks), then called once per layer.
     `pool`: the prefix cache's K/V, [layers, slots, 2, Hkv, D], or None."""
@@ -42,32 +52,46 @@ class TorchAttention:
     def __init__(self, device: torch.device, pool: torch.Tensor | None = None) -> None:
         self.device = device
         self.pool = pool
-        self.bounds: list[tuple[int, int]] = []
-        self.masks: list[torch.Tensor | None] = []  # None = plain causal
-        self.cached: list[torch.Tensor | None] = []  # pool slots of a sequence's cached rows
+        # One SDPA call each: its rows [start, end), the query rows it also sees (an empty
+        # range for none), its mask (None: causal), the pool slots of its cached query rows.
+        self.calls: list[tuple[range, range, torch.Tensor | None, torch.Tensor | None]] = []
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
              cached_slots: list[Sequence[int] | None] | None = None) -> tuple[torch.Tensor, ...]:
         """Returns the tensors the batch needs until it finished (masks and slot indices)."""
-        self.bounds, self.masks, self.cached, start = [], [], [], 0
+        self.calls, start = [], 0
+        masks: dict[tuple[int, int], torch.Tensor] = {}  # by (prefix, rows)
         for seq, slots in zip(sequences, cached_slots or [None] * len(sequences), strict=True):
-            self.bounds.append((start, start + seq.num_tokens))
-            start += seq.num_tokens
-            if slots is not None:
-                mask = cached_query_mask(seq, len(slots))
-                self.cached.append(torch.tensor(slots, dtype=torch.int64, device=self.device))
+            if slots is not None:  # a sequence reading the prefix cache: one call, as before
+                mask = cached_query_mask(seq, len(slots)).to(self.device)
+                pool_slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
+                self.calls.append((range(start, start + seq.num_tokens), range(0), mask,
+                                   pool_slots))
             else:
-                mask = None if len(seq.block_ends) == 1 else multi_item_mask(seq)
-                self.cached.append(None)
-            self.masks.append(None if mask is None else mask.to(self.device))
-        return tuple(t for t in (*self.masks, *self.cached) if t is not None)
+                block_start = 0
+                for block, block_end in enumerate(seq.block_ends):
+                    rows, prefix = block_end - block_start, seq.prefix_len if block else 0
+                    mask = None
+                    if prefix:
+                        if (prefix, rows) not in masks:
+                            masks[prefix, rows] = block_mask(prefix, rows).to(self.device)
+                        mask = masks[prefix, rows]
+                    self.calls.append((range(start + block_start, start + block_end),
+                                       range(start, start + prefix), mask, None))
+                    block_start = block_end
+            start += seq.num_tokens
+        return tuple(t for call in self.calls for t in call[2:] if t is not None)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
         out = torch.empty_like(q)
-        for (start, end), mask, slots in zip(self.bounds, self.masks, self.cached):
+        for rows, query, mask, slots in self.calls:
             # SDPA wants [batch, heads, L, D]
-            qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+            qs, ks, vs = (x[rows.start:rows.stop].transpose(0, 1).unsqueeze(0)
+                          for x in (q, k, v))
+            if query:  # the query rows come first, then the block's own
+                ks, vs = (torch.cat([x[query.start:query.stop].transpose(0, 1).unsqueeze(0),
+                                     own], dim=2) for x, own in ((k, ks), (v, vs)))
             if slots is not None:  # the cached query rows come first: [C, 2, Hk, D]
                 kv = self.pool[layer].index_select(0, slots)
                 ks, vs = (torch.cat([kv[:, i].transpose(0, 1).unsqueeze(0), own], dim=2)
@@ -75,5 +99,5 @@ class TorchAttention:
             o = F.scaled_dot_product_attention(
                 qs, ks, vs, attn_mask=mask, is_causal=mask is None, enable_gqa=True
             )
-            out[start:end] = o.squeeze(0).transpose(0, 1)
+            out[rows.start:rows.stop] = o.squeeze(0).transpose(0, 1)
         return out

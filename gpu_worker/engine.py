@@ -31,11 +31,11 @@ from ranker_contract.config import EngineConfig, LoraConfig
 from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import PackedSequence
 
-
-# Linears of fewer rows run padded to this many where scores are deterministic: cuBLAS sums
-# every row count from here the same way on the shapes measured (docs/BENCHMARKS.md,
-# "Deterministic scores").
-DETERMINISTIC_MIN_ROWS = 256
+# Linears of fewer rows run padded to this many where scores are deterministic: from here the
+# BLAS library sums every row count the same way on the shapes measured (docs/BENCHMARKS.md,
+# "Deterministic scores"). cuBLAS bf16: the decoder's linears (its LM head at any count); the
+# CPU's fp32: every linear.
+DETERMINISTIC_MIN_ROWS = {"cuda": 256, "cpu": 16}
 
 
 @dataclass(slots=True)
@@ -100,10 +100,6 @@ class Engine:
         self.attention: AttentionBackend = (
             FlashInferAttention(mcfg, device, pool, split_kv=not cfg.deterministic) if fused
             else TorchAttention(device, pool))
-        if fused and cfg.deterministic:  # docs/ARCHITECTURE.md, "Deterministic scores"
-            for module in model.modules():
-                if isinstance(module, Linear):
-                    module.min_rows = DETERMINISTIC_MIN_ROWS
         # Adapters: slot k + 1 holds adapters[k] (None: empty). The slots are allocated before
         # the graphs, which read them, and before the batch budget is measured.
         self.adapters: list[Adapter | None] = []
@@ -126,6 +122,12 @@ class Engine:
         self._lora_kernels = any(x.kernels for x in self._lora_linears.values())
         # LoRA graphs need every linear on the kernels: a graph's rows name their slots
         lora_graphs = self._lora_kernels and all(x.kernels for x in self._lora_linears.values())
+        if cfg.deterministic and (fused or device.type == "cpu"):
+            # docs/ARCHITECTURE.md, "Deterministic scores"; after the LoRA linears replaced
+            # theirs. On CUDA not the LM head: 256 rows of it would cost a lone request.
+            for module in (model.model if fused else model).modules():
+                if isinstance(module, Linear):
+                    module.min_rows = DETERMINISTIC_MIN_ROWS[device.type]
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graphs.token_buckets),
                                   self.dtype, device, self.lora if lora_graphs else None)
                        if cfg.cuda_graphs.enabled else None)

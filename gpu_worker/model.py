@@ -63,16 +63,20 @@ class Linear(nn.Linear):
     """A decoder linear in the model's float dtype; its input is plain rows [M, K]."""
 
     # Fewer rows than this are padded up to it (the engine sets it where scores are
-    # deterministic): for few rows cuBLAS may split the K sum, and how depends on the row
-    # count, so a row's result would follow the batch (docs/ARCHITECTURE.md, "Deterministic
-    # scores").
+    # deterministic): for few rows the BLAS library picks another kernel (cuBLAS splits the K
+    # sum, the CPU's a matrix-vector path), so a row's result would follow how many rows the
+    # batch has (docs/ARCHITECTURE.md, "Deterministic scores").
     min_rows = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._at_least_min_rows(super().forward, x)
+
+    def _at_least_min_rows(self, fn, x: torch.Tensor) -> torch.Tensor:
+        """fn(x), its rows padded up to min_rows and the result's cut back."""
         rows = x.shape[0]
         if rows >= self.min_rows:
-            return super().forward(x)
-        return super().forward(nn.functional.pad(x, (0, 0, 0, self.min_rows - rows)))[:rows]
+            return fn(x)
+        return fn(nn.functional.pad(x, (0, 0, 0, self.min_rows - rows)))[:rows]
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """`x` in the form this linear reads."""
@@ -85,7 +89,8 @@ class Linear(nn.Linear):
     def swiglu(self, x, down: Linear, ops: Ops):
         """As the gate/up projection: SiLU(gate) * up of x, in `down`'s input form (one fused
         GEMM + SwiGLU on CudaOps when the batch is large)."""
-        return down.rows(ops.gate_up_silu(x, self.weight))
+        return down.rows(self._at_least_min_rows(
+            lambda rows: ops.gate_up_silu(rows, self.weight), x))
 
     def swiglu_rows(self, gate_up: torch.Tensor, ops: Ops):
         """As the down projection: SiLU(gate) * up of a gate/up output, in this input form."""
@@ -200,7 +205,7 @@ class CausalLMForScoring(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = DecoderModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -92,8 +92,12 @@ class TorchOps:
         return self.silu_and_mul(F.linear(x, weight))
 
     def log_sum_exp(self, logits: torch.Tensor) -> torch.Tensor:
-        """[R, V] → [R] fp32."""
-        return torch.logsumexp(logits.float(), dim=-1)
+        """[R, V] → [R] fp32, a row at a time: torch's reduction splits a few rows' sums over
+        threads by the row count, and a row's result must not follow it (docs/ARCHITECTURE.md,
+        "Deterministic scores")."""
+        rows = logits.float()
+        return torch.cat([torch.logsumexp(rows[r:r + 1], dim=-1) for r in range(len(rows))]
+                         or [rows.new_empty(0)])
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)

@@ -136,7 +136,7 @@ class EngineConfig(_Settings):
     cuda_graphs: CudaGraphsConfig = CudaGraphsConfig()
     prefix_cache: PrefixCacheConfig = PrefixCacheConfig()
     deterministic: bool = Field(
-        True, description="cuda: an item's score does not depend on what it is batched with "
+        True, description="an item's score does not depend on what it is batched with "
         "(docs/OPERATIONS.md, 'Deterministic scores'); false lets FlashInfer split a small "
         "batch's attention and runs linears of few rows unpadded")
     torch_threads: int = Field(0, ge=0, description="cpu only; 0 = one per core")

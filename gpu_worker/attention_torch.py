@@ -46,7 +46,7 @@ def block_mask(prefix: int, rows: int) -> torch.Tensor:
 
 
 class TorchAttention:
-    """`plan()` once per batch (the per-sequence masks), then called once per layer.
+    """`plan()` once per batch (its SDPA calls and their masks), then called once per layer.
     `pool`: the prefix cache's K/V, [layers, slots, 2, Hkv, D], or None."""
 
     def __init__(self, device: torch.device, pool: torch.Tensor | None = None) -> None:

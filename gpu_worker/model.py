@@ -60,7 +60,8 @@ class Ops(Protocol):
 
 
 class Linear(nn.Linear):
-    """A decoder linear in the model's float dtype; its input is plain rows [M, K]."""
+    """A linear in the model's float dtype (the decoder's, the LM head); its input is plain
+    rows [M, K]."""
 
     # Fewer rows than this are padded up to it (the engine sets it where scores are
     # deterministic): for few rows the BLAS library picks another kernel (cuBLAS splits the K

@@ -14,6 +14,9 @@ Compositions, each through Engine.launch / finish:
 - batch_of_2: two requests per batch (fits a graph of the shipped buckets);
 - one_batch: every request in one batch (eager: larger than the largest graph);
 - shuffled: the items of each request in another order, one batch of all.
+Outside the guarantee, measured the same way: items of 1 to 31 tokens (alone against one
+request per query and one batch of all), and a prefix-cache miss then hit (each query with its
+first 2 items, on an engine with the cache on) against the lone scores.
 Writes per composition the pairs that differ, and the largest |Δ log-prob|, for the config's
 engine as shipped (engine.deterministic on: docs/ARCHITECTURE.md, "Deterministic scores"); the
 GPU suite asserts the guarantee (tests/gpu/test_gpu_batch_invariance.py).
@@ -83,6 +86,35 @@ def main() -> int:
     def by_request(results) -> dict:
         return {(q, i): results[q][i] for q in range(args.queries) for i in range(args.items)}
 
+    # Outside the guarantee (docs/ARCHITECTURE.md, "Deterministic scores"), measured: items of
+    # 1 to 31 tokens, and a prefix-cache miss and hit (each query with its first 2 items, so
+    # that the query is a share of its sequence the cache keeps).
+    short = {(q, i): rng.choices(range(vocab), k=rng.randint(1, 31))
+             for q in range(args.queries) for i in range(args.items)}
+    short_lone = {key: score(engine, [[pack_multi_item(queries[key[0]], [item], 0)]],
+                             labels)[0][0] for key, item in short.items()}
+    short_requests = [pack_multi_item(queries[q], [short[q, i] for i in range(args.items)], 0)
+                      for q in range(args.queries)]
+    cached = Engine(engine.model, engine.device, app.engine.model_copy(
+        update={"prefix_cache": app.engine.prefix_cache.model_copy(update={"tokens": 1 << 14})}))
+    pairs = [pack_multi_item(queries[q], items[q][:2], 0) for q in range(args.queries)]
+
+    def two_items(results) -> dict:
+        return {(q, i): results[q][i] for q in range(args.queries) for i in range(2)}
+
+    outside = {
+        "short_items_request": (short_lone, {
+            (q, i): row for q, rows in enumerate(score(engine, [[r] for r in short_requests],
+                                                       labels))
+            for i, row in enumerate(rows)}),
+        "short_items_one_batch": (short_lone, {
+            (q, i): row for q, rows in enumerate(score(engine, [short_requests], labels))
+            for i, row in enumerate(rows)}),
+        "prefix_cache_miss": (lone, two_items(score(cached, [[r] for r in pairs], labels))),
+        "prefix_cache_hit": (lone, two_items(score(cached, [[r] for r in pairs], labels))),
+    }
+    assert cached.prefix_cache.stats.hits, "the second pass must read the cache"
+
     compositions = {
         "alone_eager": alone(eager=True),
         "request": by_request(score(engine, [[r] for r in requests], labels)),
@@ -94,8 +126,9 @@ def main() -> int:
                      for j, row in enumerate(rows)},
     }
     rows = {}
-    for name, got in compositions.items():
-        deltas = [max(abs(a - b) for a, b in zip(got[key], lone[key])) for key in lone]
+    for name, (reference, got) in ({name: (lone, got) for name, got in compositions.items()}
+                                   | outside).items():
+        deltas = [max(abs(a - b) for a, b in zip(got[key], reference[key])) for key in got]
         rows[name] = {"pairs": len(deltas), "differ": sum(d > 0 for d in deltas),
                       "max_abs_logprob_delta": max(deltas)}
     device = (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
@@ -108,7 +141,7 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{device}, {args.config}: pairs whose log-probs differ from the lone score")
     for name, r in rows.items():
-        print(f"{name:12s} {r['differ']:5d} of {r['pairs']:5d}   max |Δ| "
+        print(f"{name:22s} {r['differ']:5d} of {r['pairs']:5d}   max |Δ| "
               f"{r['max_abs_logprob_delta']:.3g}")
     return 0
 

@@ -18,9 +18,10 @@ from tools.workload import RequestFactory, Workload
 pytestmark = pytest.mark.service  # starts Ray (the slow tier)
 
 WORKLOAD = Workload(query_len=40, items=4, item_len=100, vocab=49152)  # ~450 tokens
-# Sent before the kill, ~1,600 tokens each: seconds of work for each scorer, longer than the
-# metrics take to show it, so a scorer seen busy is still busy when it is killed.
-BURST = Workload(query_len=40, items=4, item_len=400, vocab=49152)
+# Sent before the kill, ~6,400 tokens each: seconds of work for each scorer, longer than the
+# metrics take to show it, so a scorer seen busy is still busy when it is killed (a quarter of
+# it was not always, once per-block attention made the CPU path faster).
+BURST = Workload(query_len=40, items=8, item_len=800, vocab=49152)
 BURST_REQUESTS = 12
 
 

@@ -73,50 +73,46 @@ def main() -> int:
     singles = {(q, i): pack_multi_item(queries[q], [items[q][i]], 0)
                for q in range(args.queries) for i in range(args.items)}
 
-    def alone(eager: bool) -> dict:
+    def alone(pairs: dict, eager: bool = False) -> dict:
+        """Each packed pair of `pairs` scored as a batch of its own."""
         return {key: score(engine, [[seq]], labels, eager=eager)[0][0]
-                for key, seq in singles.items()}
+                for key, seq in pairs.items()}
 
-    lone = alone(eager=False)
+    lone = alone(singles)
     requests = [pack_multi_item(queries[q], items[q], 0) for q in range(args.queries)]
     orders = [rng.sample(range(args.items), args.items) for _ in range(args.queries)]
     shuffled = [pack_multi_item(queries[q], [items[q][i] for i in orders[q]], 0)
                 for q in range(args.queries)]
 
-    def by_request(results) -> dict:
-        return {(q, i): results[q][i] for q in range(args.queries) for i in range(args.items)}
+    def by_request(results, items: int = args.items) -> dict:
+        """{(query, item): row} of one result per query, its first `items` items."""
+        return {(q, i): results[q][i] for q in range(args.queries) for i in range(items)}
 
     # Outside the guarantee (docs/ARCHITECTURE.md, "Deterministic scores"), measured: items of
     # 1 to 31 tokens, and a prefix-cache miss and hit (each query with its first 2 items, so
     # that the query is a share of its sequence the cache keeps).
     short = {(q, i): rng.choices(range(vocab), k=rng.randint(1, 31))
              for q in range(args.queries) for i in range(args.items)}
-    short_lone = {key: score(engine, [[pack_multi_item(queries[key[0]], [item], 0)]],
-                             labels)[0][0] for key, item in short.items()}
+    short_lone = alone({key: pack_multi_item(queries[key[0]], [item], 0)
+                        for key, item in short.items()})
     short_requests = [pack_multi_item(queries[q], [short[q, i] for i in range(args.items)], 0)
                       for q in range(args.queries)]
     cached = Engine(engine.model, engine.device, app.engine.model_copy(
         update={"prefix_cache": app.engine.prefix_cache.model_copy(update={"tokens": 1 << 14})}))
     pairs = [pack_multi_item(queries[q], items[q][:2], 0) for q in range(args.queries)]
 
-    def two_items(results) -> dict:
-        return {(q, i): results[q][i] for q in range(args.queries) for i in range(2)}
-
     outside = {
-        "short_items_request": (short_lone, {
-            (q, i): row for q, rows in enumerate(score(engine, [[r] for r in short_requests],
-                                                       labels))
-            for i, row in enumerate(rows)}),
-        "short_items_one_batch": (short_lone, {
-            (q, i): row for q, rows in enumerate(score(engine, [short_requests], labels))
-            for i, row in enumerate(rows)}),
-        "prefix_cache_miss": (lone, two_items(score(cached, [[r] for r in pairs], labels))),
-        "prefix_cache_hit": (lone, two_items(score(cached, [[r] for r in pairs], labels))),
+        "short_items_request": (short_lone, by_request(
+            score(engine, [[r] for r in short_requests], labels))),
+        "short_items_one_batch": (short_lone, by_request(
+            score(engine, [short_requests], labels))),
+        "prefix_cache_miss": (lone, by_request(score(cached, [[r] for r in pairs], labels), 2)),
+        "prefix_cache_hit": (lone, by_request(score(cached, [[r] for r in pairs], labels), 2)),
     }
     assert cached.prefix_cache.stats.hits, "the second pass must read the cache"
 
     compositions = {
-        "alone_eager": alone(eager=True),
+        "alone_eager": alone(singles, eager=True),
         "request": by_request(score(engine, [[r] for r in requests], labels)),
         "batch_of_2": by_request(score(engine, [requests[k:k + 2]
                                                 for k in range(0, len(requests), 2)], labels)),

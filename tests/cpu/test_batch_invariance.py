@@ -7,27 +7,14 @@ import random
 
 import pytest
 
-from ranker_contract.packing import pack_request
+from tests.support.compositions import pack, score_batch
 
 QUERIES, ITEMS = 4, 6
 LABELS = [0, 10539, 5230]
 
 
-def pack(query, items, max_seq_tokens=8192):
-    return pack_request(query, items, item_first=False, delimiter_id=0,
-                        max_seq_tokens=max_seq_tokens, max_context=8192)
-
-
 def scores_of(engine, batch):
-    """`batch`: requests, each (its pair keys, its packed sequences) → {pair key: row}."""
-    sequences = [seq for _, seqs in batch for seq in seqs]
-    rows = engine.finish(engine.launch(sequences, [LABELS] * len(sequences)))
-    out, at = {}, 0
-    for keys, seqs in batch:
-        items = [row for per_seq in rows[at:at + len(seqs)] for row in per_seq]
-        at += len(seqs)
-        out.update(zip(keys, items, strict=True))
-    return out
+    return score_batch(engine, batch, LABELS)
 
 
 @pytest.fixture(scope="module")

@@ -11,30 +11,16 @@ import pytest
 
 from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
-from ranker_contract.packing import pack_request
 from tests.gpu.conftest import LABELS, ids
+from tests.support.compositions import pack, score_batch
 
 QUERIES, ITEMS_PER_QUERY = 10, 100
 
 
-def pack(query, items, max_seq_tokens=8192):
-    return pack_request(query, items, item_first=False, delimiter_id=0,
-                        max_seq_tokens=max_seq_tokens, max_context=32768)
-
-
 def score_requests(engine, batches, eager=False):
-    """`batches`: lists of requests, each (its pair keys, its packed sequences). Returns
-    {pair key: label log-probs}."""
-    scores = {}
-    for batch in batches:
-        sequences = [seq for _, seqs in batch for seq in seqs]
-        rows = engine.finish(engine.launch(sequences, [LABELS] * len(sequences), eager=eager))
-        at = 0
-        for keys, seqs in batch:
-            items = [row for per_seq in rows[at:at + len(seqs)] for row in per_seq]
-            at += len(seqs)
-            scores.update(zip(keys, items, strict=True))
-    return scores
+    """{pair key: label log-probs} of every batch of `batches` (score_batch)."""
+    return {key: row for batch in batches
+            for key, row in score_batch(engine, batch, LABELS, eager).items()}
 
 
 @pytest.fixture(scope="module", params=["bf16", "fp8"])

@@ -8,11 +8,10 @@ mask aligned to the end of that list, an item row sees the query and its own ite
 the kernel computes no tile outside it.
 
 A sequence whose first query rows are in the prefix cache (docs/ARCHITECTURE.md, "Prefix
-cache") runs without them; its rows also attend to those rows in place in the cache's pool, in
-a second, non-causal pass with one request per sequence (every row of it sees all its cached
-rows), and the two passes' outputs are merged by their log-sum-exps, as a split-K/V kernel
-merges its parts. Such sequences come first in the batch, so the second pass covers one
-leading run of rows.
+cache") runs without them; its page lists hold those rows where the whole sequence's hold its
+query rows, gathered from the cache's pool behind the batch's own rows (once per query). So a
+hit is the same kernel call over the same keys in the same order as a miss, and scores what the
+miss scored bit for bit (docs/ARCHITECTURE.md, "Deterministic scores").
 
 This layout, not FlashInfer's own multi-item mask (one request per packed sequence with a
 per-token item-position table): that mask is tested per element and its tiles span the window of
@@ -26,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from gpu_worker.prefix_cache import kv_pair
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence
 
@@ -44,18 +44,21 @@ def row_indices(start: int, end: int) -> array.array:
     return _ROW_INDICES[start:end]
 
 
-def paged_layout(sequences: list[PackedSequence]) -> tuple[list[int], list[int], array.array]:
+def paged_layout(sequences: list[PackedSequence], cached_rows: list[range | None] | None = None
+                 ) -> tuple[list[int], list[int], array.array]:
     """(qo_indptr, kv_indptr, kv_indices) of the batch: one request per attention block, its K/V
-    pages the sequence's query rows (blocks after the first) and then the block's rows."""
+    pages the sequence's query rows (blocks after the first) and then the block's rows.
+    `cached_rows[i]`: the key rows, after the batch's own, of sequences[i]'s cached query rows
+    (cached_gather), first in each of its page lists; None: it has none."""
     qo_indptr, kv_indptr = [0], [0]
     kv_indices = array.array("i")
     offset = 0
-    for seq in sequences:
+    for seq, cached in zip(sequences, cached_rows or [None] * len(sequences), strict=True):
+        cached = row_indices(cached.start, cached.stop) if cached else array.array("i")
+        query_rows = cached + row_indices(offset, offset + seq.prefix_len)
         start = offset
-        query_rows = row_indices(offset, offset + seq.prefix_len)
         for block, end in enumerate(seq.block_ends):
-            if block:
-                kv_indices.extend(query_rows)
+            kv_indices.extend(query_rows if block else cached)
             kv_indices.extend(row_indices(start, offset + end))
             start = offset + end
             qo_indptr.append(start)
@@ -64,30 +67,22 @@ def paged_layout(sequences: list[PackedSequence]) -> tuple[list[int], list[int],
     return qo_indptr, kv_indptr, kv_indices
 
 
-def cached_layout(sequences: list[PackedSequence], cached_slots: list[Sequence[int] | None]
-                  ) -> tuple[list[int], list[int], array.array]:
-    """(qo_indptr, kv_indptr, kv_indices) of the pass over the pool: one request per leading
-    sequence with cached rows, all its rows, its K/V pages those pool slots."""
-    qo_indptr, kv_indptr = [0], [0]
-    kv_indices = array.array("i")
-    for seq, slots in zip(sequences, cached_slots):
+def cached_gather(rows: int, cached_slots: list[Sequence[int] | None]
+                  ) -> tuple[array.array, list[range | None]]:
+    """The pool slots a batch of `rows` rows reads, gathered after its rows, each distinct list
+    once (the sequences of one query read the same); and per sequence the key rows of its
+    cached query rows (None: none)."""
+    gather, placed, cached_rows = array.array("i"), {}, []
+    for slots in cached_slots:
         if slots is None:
-            break
-        kv_indices.extend(slots)
-        qo_indptr.append(qo_indptr[-1] + seq.num_tokens)
-        kv_indptr.append(len(kv_indices))
-    return qo_indptr, kv_indptr, kv_indices
-
-
-def leading_cached(cached_slots: list[Sequence[int] | None] | None) -> int:
-    """How many sequences read the prefix cache's pool: they must come first, as
-    PrefixCache.plan orders them, because the pass over the pool covers one leading run of
-    rows."""
-    if not cached_slots:
-        return 0
-    n = next((i for i, slots in enumerate(cached_slots) if slots is None), len(cached_slots))
-    assert all(slots is None for slots in cached_slots[n:]), "cache readers must come first"
-    return n
+            cached_rows.append(None)
+            continue
+        key = array.array("i", slots).tobytes()
+        if key not in placed:
+            placed[key] = range(rows + len(gather), rows + len(gather) + len(slots))
+            gather.extend(slots)
+        cached_rows.append(placed[key])
+    return gather, cached_rows
 
 
 class _PlanFence:
@@ -156,40 +151,37 @@ class FlashInferAttention:
         self.workspace_gpu = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace_gpu, "NHD", backend="fa2")
-        # The pass over the prefix cache's pool: its own plan, the same scratch (one stream).
-        self.cached_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace_gpu, "NHD", backend="fa2")
-        self._merge = flashinfer.merge_state_in_place
         self._fence = _PlanFence()
-        self.cached_rows = 0  # the batch's leading rows that also attend to the pool
+        self.gather: torch.Tensor | None = None  # the batch's pool slots (cached_gather)
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
              cached_slots: list[Sequence[int] | None] | None = None
              ) -> tuple[torch.Tensor, ...]:
         """Plan the batch; returns the tensors that must stay alive until the batch finished."""
-        readers = leading_cached(cached_slots)
+        gather, cached_rows = cached_gather(sum(seq.num_tokens for seq in sequences),
+                                            cached_slots or [None] * len(sequences))
         self._fence.wait()
-        keep = plan_wrapper(self.wrapper, self.cfg, self.device, *paged_layout(sequences), dtype,
-                            **self._split)
-        self.cached_rows = 0
-        if readers:
-            layout = cached_layout(sequences[:readers], cached_slots[:readers])
-            keep += plan_wrapper(self.cached_wrapper, self.cfg, self.device, *layout, dtype,
-                                 causal=False, **self._split)
-            self.cached_rows = layout[0][-1]
+        keep = plan_wrapper(self.wrapper, self.cfg, self.device,
+                            *paged_layout(sequences, cached_rows), dtype, **self._split)
         self._fence.issued()
+        self.gather = None
+        if gather:
+            host = torch.frombuffer(gather, dtype=torch.int32).pin_memory()
+            self.gather = host.to(self.device, non_blocking=True)
+            keep += (host, self.gather)
         return keep
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
-        if not self.cached_rows:
+        if self.gather is None:
             return run_paged(self.wrapper, q, k, v)
-        out, lse = run_paged(self.wrapper, q, k, v, return_lse=True)
-        rows, pool = self.cached_rows, self.pool[layer]  # [slots, 2, Hk, D]
-        cached_out, cached_lse = self.cached_wrapper.run(
-            q[:rows], (pool[:, 0].unsqueeze(1), pool[:, 1].unsqueeze(1)), return_lse=True)
-        self._merge(out[:rows], lse[:rows], cached_out, cached_lse)
-        return out
+        # The batch's K/V, then the cached rows it reads: [T + C, 2, Hk, D], one copy each.
+        rows = k.shape[0]
+        kv = torch.empty((rows + len(self.gather), 2, *k.shape[1:]), dtype=k.dtype,
+                         device=k.device)
+        kv[:rows] = kv_pair(k, v)
+        torch.index_select(self.pool[layer], 0, self.gather, out=kv[rows:])
+        return run_paged(self.wrapper, q, kv[:, 0], kv[:, 1])
 
 
 class FlashInferGraphAttention:

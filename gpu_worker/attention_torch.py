@@ -30,14 +30,6 @@ def multi_item_mask(seq: PackedSequence) -> torch.Tensor:
     return (cols <= rows) & (same_block | sees_query)
 
 
-def cached_query_mask(seq: PackedSequence, cached: int) -> torch.Tensor:
-    """[L, cached + L] for a sequence whose first `cached` query rows are in the prefix cache
-    (gpu_worker/prefix_cache.py): every row sees them all, then what the multi-item rule lets it
-    see of its own rows (the query rows left, then its block up to itself)."""
-    own = multi_item_mask(seq)
-    return torch.cat([torch.ones(seq.num_tokens, cached, dtype=torch.bool), own], dim=1)
-
-
 def block_mask(prefix: int, rows: int) -> torch.Tensor:
     """[rows, prefix + rows] bool: every row sees the `prefix` keys, then its block up to
     itself."""
@@ -53,7 +45,8 @@ class TorchAttention:
         self.device = device
         self.pool = pool
         # One SDPA call each: its rows [start, end), the query rows it also sees (an empty
-        # range for none), its mask (None: causal), the pool slots of its cached query rows.
+        # range for none), its mask (None: causal), the pool slots of the cached query rows it
+        # sees first (None: none).
         self.calls: list[tuple[range, range, torch.Tensor | None, torch.Tensor | None]] = []
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
@@ -62,29 +55,30 @@ class TorchAttention:
         self.calls, start = [], 0
         masks: dict[tuple[int, int], torch.Tensor] = {}  # by (prefix, rows)
         for seq, slots in zip(sequences, cached_slots or [None] * len(sequences), strict=True):
-            if slots is not None:  # a sequence reading the prefix cache: one call, as before
-                mask = cached_query_mask(seq, len(slots)).to(self.device)
+            # A sequence reading the prefix cache sees its cached query rows first, then the
+            # query rows left: the keys, in the order, of the same block of the whole sequence.
+            pool_slots, cached = None, 0
+            if slots is not None:
                 pool_slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
-                self.calls.append((range(start, start + seq.num_tokens), range(0), mask,
-                                   pool_slots))
-            else:
-                block_start = 0
-                for block, block_end in enumerate(seq.block_ends):
-                    rows, prefix = block_end - block_start, seq.prefix_len if block else 0
-                    mask = None
-                    if prefix:
-                        if (prefix, rows) not in masks:
-                            masks[prefix, rows] = block_mask(prefix, rows).to(self.device)
-                        mask = masks[prefix, rows]
-                    self.calls.append((range(start + block_start, start + block_end),
-                                       range(start, start + prefix), mask, None))
-                    block_start = block_end
+                cached = len(slots)
+            block_start = 0
+            for block, block_end in enumerate(seq.block_ends):
+                rows, query = block_end - block_start, seq.prefix_len if block else 0
+                prefix, mask = cached + query, None
+                if prefix:
+                    if (prefix, rows) not in masks:
+                        masks[prefix, rows] = block_mask(prefix, rows).to(self.device)
+                    mask = masks[prefix, rows]
+                self.calls.append((range(start + block_start, start + block_end),
+                                   range(start, start + query), mask, pool_slots))
+                block_start = block_end
             start += seq.num_tokens
         return tuple(t for call in self.calls for t in call[2:] if t is not None)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
         out = torch.empty_like(q)
+        gathered: dict[int, torch.Tensor] = {}  # a sequence's cached rows, once for its blocks
         for rows, query, mask, slots in self.calls:
             # SDPA wants [batch, heads, L, D]
             qs, ks, vs = (x[rows.start:rows.stop].transpose(0, 1).unsqueeze(0)
@@ -93,7 +87,9 @@ class TorchAttention:
                 ks, vs = (torch.cat([x[query.start:query.stop].transpose(0, 1).unsqueeze(0),
                                      own], dim=2) for x, own in ((k, ks), (v, vs)))
             if slots is not None:  # the cached query rows come first: [C, 2, Hk, D]
-                kv = self.pool[layer].index_select(0, slots)
+                if id(slots) not in gathered:
+                    gathered[id(slots)] = self.pool[layer].index_select(0, slots)
+                kv = gathered[id(slots)]
                 ks, vs = (torch.cat([kv[:, i].transpose(0, 1).unsqueeze(0), own], dim=2)
                           for i, own in ((0, ks), (1, vs)))
             o = F.scaled_dot_product_attention(

@@ -47,16 +47,13 @@ class Step:
     out_cpu: torch.Tensor  # [N] fp32 label log-probs, flat in sequence/item/label order
     done: torch.cuda.Event | None  # None on CPU: the work already ran
     items_and_labels: list[tuple[int, int]]  # per sequence: how finish() splits out_cpu
-    # The index in the batch as launched of each sequence as run (the prefix cache runs those
-    # that read it first); None: as launched.
-    order: list[int] | None = None
 
 
 @dataclass(slots=True)
 class BatchPlan:
     """One batch as it will run, decided on the host before anything is queued: on a captured
-    graph or eagerly, and with the prefix cache's plan (its readers first, without their cached
-    query rows), the sequences in the order they run."""
+    graph or eagerly, and with the prefix cache's plan (its readers without their cached query
+    rows)."""
 
     sequences: list[PackedSequence]
     label_ids: list[list[int]]
@@ -64,10 +61,6 @@ class BatchPlan:
     graph: object | None = None  # a captured graph of gpu_worker/graphs.py, or eager
     cache: CachePlan | None = None
     adapters: list[int] | None = None  # per sequence, its adapter slot (0: the base); None: all 0
-
-    @property
-    def order(self) -> list[int] | None:
-        return self.cache.order if self.cache is not None else None
 
 
 class Engine:
@@ -218,12 +211,8 @@ class Engine:
         if cache is not None and any(cache.may_keep(s) for s in sequences):
             owners = [self._adapter_keys[slot - 1] if slot else b""
                       for slot in adapters] if adapters else None
-            plan.cache = cache.plan(sequences, owners)  # without cached query rows, readers first
-            plan.sequences = plan.cache.sequences
-            plan.label_ids = [label_ids_per_sequence[i] for i in plan.cache.order]
-            plan.items_and_labels = [items_and_labels[i] for i in plan.cache.order]
-            if adapters:
-                plan.adapters = [adapters[i] for i in plan.cache.order]
+            plan.cache = cache.plan(sequences, owners)
+            plan.sequences = plan.cache.sequences  # readers without their cached query rows
         elif self.graphs is not None and not eager:
             plan.graph = self.graphs.pick(sequences, sum(n for n, _ in items_and_labels),
                                           sum(n * labels for n, labels in items_and_labels))
@@ -273,8 +262,8 @@ class Engine:
                 self.prefix_cache.forget(cache)
             raise
         if not on_cuda:
-            return Step((host, *plan_tensors), out, None, plan.items_and_labels, plan.order)
-        return self._read_back(out, (host, dev, *plan_tensors), plan.items_and_labels, plan.order)
+            return Step((host, *plan_tensors), out, None, plan.items_and_labels)
+        return self._read_back(out, (host, dev, *plan_tensors), plan.items_and_labels)
 
     def _set_lora_batch(self, plan: BatchPlan) -> None:
         """Point the LoraLinears at this batch's adapters: runs of consecutive tokens and score
@@ -308,14 +297,13 @@ class Engine:
 
     @staticmethod
     def _read_back(out: torch.Tensor, keep: tuple[torch.Tensor, ...],
-                   items_and_labels: list[tuple[int, int]], order: list[int] | None = None
-                   ) -> Step:
+                   items_and_labels: list[tuple[int, int]]) -> Step:
         """Queue the copy of the [N] log-probs into pinned memory and mark the batch's end."""
         out_cpu = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)  # [N] fp32
         out_cpu.copy_(out, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return Step((*keep, out), out_cpu, done, items_and_labels, order)
+        return Step((*keep, out), out_cpu, done, items_and_labels)
 
     def finish(self, step: Step) -> list[list[list[float]]]:
         """Per sequence: one row of label log-probs per item."""
@@ -329,12 +317,7 @@ class Engine:
                 rows.append(flat[at : at + n_labels])
                 at += n_labels
             results.append(rows)
-        if step.order is None:
-            return results
-        as_launched: list[list[list[float]]] = [[] for _ in results]
-        for index, rows in zip(step.order, results):
-            as_launched[index] = rows
-        return as_launched
+        return results
 
 
 def _host_metadata(sequences: list[PackedSequence],

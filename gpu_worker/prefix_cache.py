@@ -56,14 +56,11 @@ class PrefixCacheStats:
 
 @dataclass(slots=True)
 class CachePlan:
-    """What one batch does with the cache. `sequences` are the batch's sequences as the engine
-    runs them: without their cached query rows, and those that read the pool first (an
-    attention backend attends to the pool for one leading run of rows); `order[i]` is the
-    index, in the batch as given, of sequences[i]. `cached_slots[i]` holds the pool slots of
-    sequences[i]'s cached query rows, in query order, or None."""
+    """What one batch does with the cache. `sequences` are the batch's sequences, in order, as
+    the engine runs them: without their cached query rows. `cached_slots[i]` holds the pool
+    slots of sequences[i]'s cached query rows, in query order, or None."""
 
     sequences: list[PackedSequence] = field(default_factory=list)
-    order: list[int] = field(default_factory=list)
     cached_slots: list[array.array | None] = field(default_factory=list)
     insert_rows: list[int] = field(default_factory=list)  # batch rows copied into the pool...
     insert_slots: list[int] = field(default_factory=list)  # ...at these slots
@@ -135,39 +132,32 @@ class PrefixCache:
         """Look up, insert and evict for one batch (host work only). `owners[i]`: whose K/V
         sequences[i] computes (its adapter's key; b"" or no list: the model alone)."""
         used: set[bytes] = set()  # pages this batch reads or writes: never evicted by it
-        # (index in `sequences`, sequence as run, its cached slots, slots for its new pages)
-        readers: list[tuple[int, PackedSequence, array.array, array.array | None]] = []
-        others: list[tuple[int, PackedSequence, None, array.array | None]] = []
-        inserted: list[bytes] = []  # pages this batch fills
+        plan, row = CachePlan(), 0
         for index, seq in enumerate(sequences):
-            if not self.may_keep(seq):
-                others.append((index, seq, None, None))
-                continue
-            keys = self._keys(seq.input_ids[: seq.prefix_len], owners[index] if owners else b"")
-            found = 0  # pages cached, from the first
-            while found < len(keys) and self._has(*keys[found]):
-                found += 1
-            cached = array.array("i")
-            for digest, _ in keys[:found]:
-                cached.extend(self.pages[digest].slots)
-            used.update(digest for digest, _ in keys[:found])
-            new_slots = self._allocate(keys[found:], used)
-            self._count(seq.prefix_len, len(cached), new_slots is not None)
-            for digest, _ in reversed(keys[:found] if new_slots is None else keys):
-                self.pages.move_to_end(digest)  # first pages most recent: evicted last
-            if found:
-                readers.append((index, cached_form(seq, len(cached)), cached, new_slots))
-            else:
-                others.append((index, seq, None, new_slots))
-            if new_slots is not None:
-                inserted.extend(digest for digest, _ in keys[found:])
-        plan, row = CachePlan(inserted=inserted), 0
-        for index, seq, cached, new_slots in readers + others:
+            cached, new_slots = None, None
+            if self.may_keep(seq):
+                query = seq.prefix_len
+                keys = self._keys(seq.input_ids[:query],
+                                  owners[index] if owners else b"")
+                found = 0  # pages cached, from the first
+                while found < len(keys) and self._has(*keys[found]):
+                    found += 1
+                if found:
+                    cached = array.array("i")
+                    for digest, _ in keys[:found]:
+                        cached.extend(self.pages[digest].slots)
+                    seq = cached_form(seq, len(cached))
+                used.update(digest for digest, _ in keys[:found])
+                new_slots = self._allocate(keys[found:], used)
+                self._count(query, len(cached) if found else 0, new_slots is not None)
+                for digest, _ in reversed(keys[:found] if new_slots is None else keys):
+                    self.pages.move_to_end(digest)  # first pages most recent: evicted last
+                if new_slots is not None:
+                    plan.inserted.extend(digest for digest, _ in keys[found:])
             if new_slots:  # the query rows a sequence computes come first
                 plan.insert_rows.extend(range(row, row + len(new_slots)))
                 plan.insert_slots.extend(new_slots)
             plan.sequences.append(seq)
-            plan.order.append(index)
             plan.cached_slots.append(cached)
             row += seq.num_tokens
         self.stats.cached_tokens = self.capacity - len(self.free)

@@ -14,9 +14,9 @@ Compositions, each through Engine.launch / finish:
 - batch_of_2: two requests per batch (fits a graph of the shipped buckets);
 - one_batch: every request in one batch (eager: larger than the largest graph);
 - shuffled: the items of each request in another order, one batch of all.
-Outside the guarantee, measured the same way: items of 1 to 31 tokens (alone against one
-request per query and one batch of all), and a prefix-cache miss then hit (each query with its
-first 2 items, on an engine with the cache on) against the lone scores.
+Measured the same way: items of 1 to 31 tokens (outside the guarantee on a GPU; alone against
+one request per query and one batch of all), and a prefix-cache miss then hit (each query with
+its first 2 items, on an engine with the cache on) against the lone scores.
 Writes per composition the pairs that differ, and the largest |Δ log-prob|, for the config's
 engine as shipped (engine.deterministic on: docs/ARCHITECTURE.md, "Deterministic scores"); the
 GPU suite asserts the guarantee (tests/gpu/test_gpu_batch_invariance.py).

@@ -4,7 +4,7 @@ host and checked here without a GPU) and the torch backend's mask."""
 
 import random
 
-from gpu_worker.attention_flashinfer import cached_layout, paged_layout
+from gpu_worker.attention_flashinfer import paged_layout
 from gpu_worker.attention_torch import multi_item_mask
 from ranker_contract.packing import pack_multi_item, pack_plain
 
@@ -86,36 +86,55 @@ def test_layout_of_a_batch_past_the_first_row_table_counts_every_row():
     assert item_b == list(range(30_000, 30_005)) + list(range(50_007, 70_008))
 
 
-def test_rows_with_a_cached_query_prefix_see_what_they_see_in_the_whole_sequence():
+def test_a_sequence_with_cached_query_rows_has_the_page_lists_of_the_whole_sequence():
     """A sequence whose first C query rows come from the prefix cache (gpu_worker/prefix_cache.py:
-    all of the query, or its first pages) runs without them, first in its batch; its rows see
-    their own rows through the causal layout and the C pool slots through the non-causal pass
-    over the pool (cached_layout). Together each row must see exactly what the same row sees
-    in the whole sequence, in both backends."""
-    from gpu_worker.attention_torch import cached_query_mask
+    all of the query, or its first pages) runs without them; its cached rows are gathered from
+    the pool after the batch's rows, once per query (cached_gather). Every request of it, its
+    keys named by the row of the whole sequence they are, lists the same keys in the same order
+    as the whole sequence's request for the same block: a hit is the kernel work of a miss."""
+    from gpu_worker.attention_flashinfer import cached_gather
     from gpu_worker.prefix_cache import cached_form
+
+    def requests(layout, names):
+        """Per request: (query rows, its keys by name)."""
+        qo_indptr, kv_indptr, kv_indices = layout
+        return [(qo_indptr[r + 1] - qo_indptr[r],
+                 [names[i] for i in kv_indices[kv_indptr[r]:kv_indptr[r + 1]]])
+                for r in range(len(qo_indptr) - 1)]
 
     rng = random.Random(1)
     for _ in range(200):
+        wholes = [pack_multi_item([1] * rng.randint(1, 9),
+                                  [[2] * rng.randint(1, 5) for _ in range(rng.randint(1, 4))],
+                                  D) for _ in range(2)]
+        cuts = [rng.randint(1, w.prefix_len) for w in wholes]  # a prefix, or all of the query
+        parts = [cached_form(w, c) for w, c in zip(wholes, cuts)]
+        pool = rng.sample(range(100), sum(cuts))  # the cached rows' slots, in query order
+        slots = [pool[:cuts[0]], pool[cuts[0]:]]
         plain = pack_plain([1] * rng.randint(1, 4), 0)
-        whole = pack_multi_item([1] * rng.randint(1, 9),
-                                [[2] * rng.randint(1, 5) for _ in range(rng.randint(1, 4))], D)
-        cut = rng.randint(1, whole.prefix_len)  # cached query rows: a prefix, or all of them
-        part = cached_form(whole, cut)
-        slots = rng.sample(range(100), cut)  # the pool slots of the cached rows, in query order
-        batch = [part, plain]
-        by_layout = visible_by_layout(*paged_layout(batch), part.num_tokens + plain.num_tokens)
-        qo_indptr, kv_indptr, kv_indices = cached_layout(batch, [slots, None])
-        assert qo_indptr == [0, part.num_tokens]  # one request: every row of `part`, not `plain`
-        assert list(kv_indices[kv_indptr[0]:kv_indptr[1]]) == slots  # seen whole (non-causal)
-        whole_mask = multi_item_mask(whole)
-        part_mask = cached_query_mask(part, cut)  # columns: the cached rows, then part's rows
-        for r in range(part.num_tokens):
-            row = r + cut  # the same row in the whole sequence
-            if row + 1 in whole.block_ends[1:]:
-                continue  # an item's closing delimiter: nothing reads it
-            assert all(whole_mask[row, c] for c in range(cut))  # every row sees all C
-            own = {c - cut for c in range(cut, whole.num_tokens) if whole_mask[row, c]}
-            assert by_layout[r] == own
-            assert all(part_mask[r, c] for c in range(cut))
-            assert {c - cut for c in range(cut, part_mask.shape[1]) if part_mask[r, c]} == own
+        # the first query twice (a request over two sequences): its cached rows gathered once
+        batch = [parts[0], plain, parts[1], parts[0]]
+        batch_slots = [slots[0], None, slots[1], slots[0]]
+        whole_batch = [wholes[0], plain, wholes[1], wholes[0]]
+        names = ("a", "p", "b", "a")
+
+        whole_names = [(n, r) for n, s in zip(names, whole_batch) for r in range(s.num_tokens)]
+        want = requests(paged_layout(whole_batch), whole_names)
+
+        rows = sum(s.num_tokens for s in batch)
+        gather, cached_rows = cached_gather(rows, batch_slots)
+        assert list(gather) == pool
+        assert cached_rows == [range(rows, rows + cuts[0]), None,
+                               range(rows + cuts[0], rows + len(pool)),
+                               range(rows, rows + cuts[0])]
+        part_names = [(n, r + (cuts[0] if n == "a" else cuts[1] if n == "b" else 0))
+                      for n, s in zip(names, batch) for r in range(s.num_tokens)]
+        part_names += [("a", r) for r in range(cuts[0])] + [("b", r) for r in range(cuts[1])]
+        got = requests(paged_layout(batch, cached_rows), part_names)
+        assert [keys for _, keys in got] == [keys for _, keys in want]
+        # each query block's request runs without its cut rows; every other request as whole
+        heads = [0]
+        for s in whole_batch[:-1]:
+            heads.append(heads[-1] + len(s.block_ends))
+        cut_of = {heads[0]: cuts[0], heads[2]: cuts[1], heads[3]: cuts[0]}
+        assert [n + cut_of.get(r, 0) for r, (n, _) in enumerate(got)] == [n for n, _ in want]

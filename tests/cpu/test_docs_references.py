@@ -2,9 +2,11 @@
 - `path/to/file.py` is a file, and `path/to/file.py::Name.attr` and `package.module(.name)` of
   this repository's packages resolve to a module-level name in it (a class's attribute or
   method where the name continues);
-- `Class.name`, where this repository defines a class of that name, is defined in one of them.
+- `Class.name`, where this repository defines a class of that name, is defined in one of them;
+- `module.name`, where `module` is the file name of one of its modules and the whole is no
+  configuration key (`engine.deterministic`), is defined in one of them.
 Read from the source with `ast`: nothing is imported, so modules that need a GPU are checked
-too."""
+too (only the configuration schema is imported, for its keys)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ FILE_REF = re.compile(r"`([\w/]+\.py)::([\w.]+)`")
 DOTTED_REF = re.compile(rf"`((?:{'|'.join(PACKAGES)})(?:\.\w+)+)`")
 PATH_REF = re.compile(rf"`((?:{'|'.join(PACKAGES)}|tests|scripts)/[\w/]+\.py)`")
 METHOD_REF = re.compile(r"`([A-Z]\w+)\.(\w+)`")
+FILE_SUFFIXES = {"py", "json", "parquet", "yaml", "md", "txt"}  # `config.json`: a file
+MODULE_REF = re.compile(r"`([a-z]\w*)\.([a-z_]\w*)(?:\(\))?`")
 
 
 @cache
@@ -94,6 +98,52 @@ def classes() -> dict[str, list[Path]]:
 
 
 @cache
+def modules() -> dict[str, list[Path]]:
+    """Each module file name of this repository's packages (without .py): its files."""
+    found: dict[str, list[Path]] = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            found.setdefault(path.stem, []).append(path)
+    return found
+
+
+@cache
+def config_keys() -> set[str]:
+    """Every key of the application's configuration, dotted from the top (`engine.deterministic`)
+    and from each section down (`prefix_cache.tokens`), and the keys that went away."""
+    from pydantic import BaseModel
+
+    from ranker_contract import config
+
+    keys: set[str] = set()
+
+    def walk(model: type[BaseModel], path: list[str]) -> None:
+        for name, field in model.model_fields.items():
+            keys.update(".".join(path[k:] + [name]) for k in range(len(path) + 1))
+            kind = field.annotation
+            for inner in (kind, *getattr(kind, "__args__", ())):
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    walk(inner, path + [name])
+
+    walk(config.AppConfig, [])
+    keys.update(config.REMOVED, (f"engine.{k}" for k in config.REMOVED_ENGINE_KEYS))
+    keys.update(f"{key}.{name}" for key in config.REMOVED for name in ("requests_per_scorer",))
+    return keys
+
+
+def unresolved_module_names(text: str) -> list[str]:
+    """The `module.name` references of `text`, of a module file name here and no configuration
+    key, whose name none of those modules defines."""
+    bad = []
+    for m in MODULE_REF.finditer(text):
+        if (m[1] in modules() and m[2] not in FILE_SUFFIXES
+                and f"{m[1]}.{m[2]}" not in config_keys()
+                and not any(resolves(path, [m[2]]) for path in modules()[m[1]])):
+            bad.append(m[0])
+    return bad
+
+
+@cache
 def paths_and_methods() -> list[tuple[str, Path | None, list[str]]]:
     """References by file path alone, and `Class.name` of a class defined here."""
     found = []
@@ -128,3 +178,15 @@ def test_each_named_function_or_class_exists(written, path, chain):
 def test_each_named_file_and_method_exists(written, path, chain):
     assert path.is_file(), f"{written}: no such file"
     assert resolves(path, chain), f"{written}: not defined in {path.relative_to(REPO)}"
+
+
+def test_each_named_module_function_exists():
+    for doc in DOCS:
+        assert not unresolved_module_names(doc.read_text()), doc.name
+
+
+def test_a_module_function_that_is_gone_is_found():
+    text = ("`validate.parse_body` (renamed), `startup.measure_budget`, `engine.deterministic` "
+            "(a key), `prefix_cache.page_tokens` (a key under engine), `ops.py` (a file), "
+            "`engine.no_such_key`")
+    assert unresolved_module_names(text) == ["`validate.parse_body`", "`engine.no_such_key`"]

@@ -85,6 +85,28 @@ def cached_gather(rows: int, cached_slots: list[Sequence[int] | None]
     return gather, cached_rows
 
 
+def zero_int_workspace(wrapper) -> None:
+    """Zero a CUDA-graph wrapper's int workspace (host staging copy and device buffer).
+
+    In CUDA-graph mode without split K/V the prefill kernel runs a fixed grid of CTAs, and
+    plan() writes the request and tile indices of the real ones only: the others read whatever
+    the int workspace held before, and no mask skips them (FlashInfer issue 4002; PR 5176, open
+    as of 0.6.6, adds the mask). Fresh pinned memory is zero (they redo tile 0 of request 0); a
+    recycled block still holds another wrapper's indices, out of range here: an illegal memory
+    access once an engine was freed in the process (docs/ARCHITECTURE.md, "CUDA graphs"). The
+    two buffers are private fields of the wrapper: a release without them fails here, by name."""
+    fields = ("_pin_memory_int_workspace_buffer", "_int_workspace_buffer")
+    missing = [name for name in fields if not hasattr(wrapper, name)]
+    if missing:
+        raise RuntimeError(
+            f"this FlashInfer has no {', '.join(missing)} on its prefill wrapper: the "
+            "CUDA-graph workaround written for the release pyproject.toml pins "
+            "(docs/ARCHITECTURE.md, 'CUDA graphs') needs revisiting; run with "
+            "engine.cuda_graphs.enabled: false meanwhile")
+    for name in fields:
+        getattr(wrapper, name).zero_()
+
+
 class _PlanFence:
     """plan() stages its schedule in a pinned buffer that every plan() of the wrapper rewrites;
     the previous plan's copy out of it must have run before the next one overwrites it."""
@@ -213,14 +235,7 @@ class FlashInferGraphAttention:
             paged_kv_indptr_buf=torch.zeros(slots + 1, **i32),
             paged_kv_indices_buf=torch.zeros(kv_capacity + tokens, **i32),
             paged_kv_last_page_len_buf=torch.ones(slots, **i32))
-        # NOTE: in CUDA-graph mode without split K/V the kernel runs a fixed grid of CTAs, and
-        # plan() writes the request and tile indices of the real ones only: the others read
-        # whatever the int workspace (copied from its pinned staging buffer) held before, and
-        # no mask skips them. Fresh pinned memory is zero (they redo tile 0 of request 0); a
-        # recycled block still holds another wrapper's indices, out of range here: an illegal
-        # memory access in this kernel once an engine was freed in the process. Zero both.
-        self.wrapper._pin_memory_int_workspace_buffer.zero_()
-        self.wrapper._int_workspace_buffer.zero_()
+        zero_int_workspace(self.wrapper)
         self._fence = _PlanFence()
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype

@@ -4,7 +4,10 @@ host and checked here without a GPU) and the torch backend's mask."""
 
 import random
 
-from gpu_worker.attention_flashinfer import paged_layout
+import pytest
+import torch
+
+from gpu_worker.attention_flashinfer import paged_layout, zero_int_workspace
 from gpu_worker.attention_torch import multi_item_mask
 from ranker_contract.packing import pack_multi_item, pack_plain
 
@@ -138,3 +141,20 @@ def test_a_sequence_with_cached_query_rows_has_the_page_lists_of_the_whole_seque
             heads.append(heads[-1] + len(s.block_ends))
         cut_of = {heads[0]: cuts[0], heads[2]: cuts[1], heads[3]: cuts[0]}
         assert [n + cut_of.get(r, 0) for r, (n, _) in enumerate(got)] == [n for n, _ in want]
+
+
+def test_the_graph_workaround_zeroes_both_int_buffers_and_names_a_missing_one():
+    """gpu_worker/attention_flashinfer.py::zero_int_workspace on stand-ins for the wrapper: both
+    private buffers zeroed; a FlashInfer whose wrapper lacks one fails naming it."""
+    class Wrapper:
+        def __init__(self):
+            self._pin_memory_int_workspace_buffer = torch.full((8,), 7, dtype=torch.uint8)
+            self._int_workspace_buffer = torch.full((8,), 9, dtype=torch.uint8)
+
+    wrapper = Wrapper()
+    zero_int_workspace(wrapper)
+    assert not wrapper._pin_memory_int_workspace_buffer.any()
+    assert not wrapper._int_workspace_buffer.any()
+    del wrapper._int_workspace_buffer
+    with pytest.raises(RuntimeError, match="_int_workspace_buffer"):
+        zero_int_workspace(wrapper)

@@ -25,10 +25,6 @@ from serve_app.metrics import (
     CANCELLED_STATUS,
     CANCELLED_TYPE,
     NO_MODEL,
-    RERANK_V1,
-    RERANK_V2,
-    ROUTES,
-    SCORE,
     IngressMetrics,
 )
 from serve_app.protocol import (
@@ -41,6 +37,7 @@ from serve_app.protocol import (
     ScoreResponse,
 )
 from serve_app.requests import ServedModels
+from serve_app.routes import RERANK_V1, RERANK_V2, ROUTES, SCORE
 from serve_app.shedding import Shedding
 
 logger = logging.getLogger(__name__)

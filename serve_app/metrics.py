@@ -13,6 +13,7 @@ from ray.serve.metrics import Counter, Histogram
 from ranker_contract.metrics import declare_at_zero
 from serve_app.auth import NO_KEY
 from serve_app.protocol import ApiError
+from serve_app.routes import ROUTES
 
 # Fine below 50 ms (a lone request), up to 120 s at the top (a timed-out one) so P99 under load
 # never falls into an open-ended bucket.
@@ -20,9 +21,6 @@ LATENCY_BUCKETS_MS = [2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 
                       750, 1000, 2000, 5000, 10000, 30000, 60000, 120000]
 TOKENIZE_BUCKETS_MS = [0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 500, 1000, 5000]
 
-# The routes by their HTTP paths: the metrics' `route` label, the request paths' keys.
-SCORE, RERANK_V1, RERANK_V2 = "/v1/score", "/v1/rerank", "/v2/rerank"
-ROUTES = (SCORE, RERANK_V1, RERANK_V2)  # the routes ScoreIngress._observed wraps
 # The caller went away before the answer, or its deadline passed (the ingress answers 408 itself,
 # serve_app/deadline.py; a request still in Serve's hands gets Serve's 408). A cancellation does
 # not say which, so all count as one status and type: the status of a timeout.

@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 TokenIds = list[StrictInt]
 
 
+# How a document of several chunks scores (serve_app/rerank.py::aggregate).
+ChunkAggregation = Literal["max", "mean", "top_k_mean"]
+
+
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -92,7 +96,7 @@ class RerankRequest(BaseModel):
     return_chunks: StrictBool = Field(
         default=False, description="Add `chunk: {index, start, end}` to each result: the "
         "document's best-scoring chunk and the characters of the document it covers.")
-    chunk_aggregation: Literal["max", "mean", "top_k_mean"] = Field(
+    chunk_aggregation: ChunkAggregation = Field(
         default="max", description="A document of several chunks scores its best chunk's "
         "relevance (max, Cohere's), the mean over its chunks, or the mean of its chunk_top_k "
         "best.")

@@ -12,10 +12,9 @@ from ranker_contract.calibration import CalibrationMap
 from ranker_contract.config import AppConfig, RerankPromptChoice
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence, ScoreJob, merge_results, prefix_key
-from serve_app.metrics import RERANK_V1, RERANK_V2, SCORE
 from serve_app.protocol import ApiError
 from serve_app.rerank import RerankPrompter
-from serve_app.routes import RerankRoute, Route, ScoreRoute, Tokenized
+from serve_app.routes import RERANK_V1, RERANK_V2, SCORE, RerankRoute, Route, ScoreRoute, Tokenized
 from serve_app.scoring import pack
 from serve_app.tokenizer import TextTokenizer
 from serve_app.validate import read_body

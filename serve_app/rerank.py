@@ -27,6 +27,7 @@ from ranker_contract.config import Limits, RerankPrompt
 from serve_app.classifier import sigmoid
 from serve_app.protocol import (
     ApiError,
+    ChunkAggregation,
     RerankChunk,
     RerankDocument,
     RerankRequest,
@@ -40,7 +41,6 @@ _PLACEHOLDER = re.compile(r"\{(query|instruction)\}")
 DOCS_PER_SEARCH_UNIT = 100
 # Cohere v1 refuses documents × max_chunks_per_doc above this.
 MAX_DOCUMENT_CHUNKS = 10_000
-AGGREGATIONS = ("max", "mean", "top_k_mean")
 DEFAULT_TOP_K = 3
 
 
@@ -57,7 +57,7 @@ class RerankInput:
     truncate: bool = False
     keep_end: bool = False  # truncate's direction: keep the end (TEI's Left), else the start
     return_chunks: bool = False
-    aggregation: str = "max"  # a document's score from its chunks': AGGREGATIONS
+    aggregation: ChunkAggregation = "max"  # a document's score from its chunks'
     top_k: int = DEFAULT_TOP_K  # top_k_mean's
 
 
@@ -236,7 +236,7 @@ def relevance(yes_no_logprobs: list[float]) -> float:
 
 
 def aggregate(item_scores: list[float], documents: Sequence[int], n_documents: int,
-              how: str = "max", top_k: int = DEFAULT_TOP_K
+              how: ChunkAggregation = "max", top_k: int = DEFAULT_TOP_K
               ) -> tuple[list[float], list[int], list[int]]:
     """Each document's score from its chunks' (`how`: the best one's, their mean, or the mean of
     the `top_k` best), which chunk (from 0) scored best, and how many chunks it has."""

@@ -28,6 +28,10 @@ from serve_app.scoring import to_scores, tokenize
 from serve_app.tokenizer import TextTokenizer
 from serve_app.validate import ParsedRequest, as_schema, check_request
 
+# The routes by their HTTP paths: the request paths' keys, the metrics' `route` label.
+SCORE, RERANK_V1, RERANK_V2 = "/v1/score", "/v1/rerank", "/v2/rerank"
+ROUTES = (SCORE, RERANK_V1, RERANK_V2)  # the routes ScoreIngress._observed wraps
+
 
 @dataclass(frozen=True, slots=True)
 class Tokenized:

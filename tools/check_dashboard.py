@@ -36,7 +36,8 @@ sys.path.insert(0, str(REPO))  # run by path, too
 
 from gpu_worker.metrics import BATCH_ERROR_TYPES, CACHE_RESULTS  # noqa: E402
 from serve_app.auth import NO_KEY  # noqa: E402
-from serve_app.metrics import ERRORS, ROUTES  # noqa: E402
+from serve_app.metrics import ERRORS  # noqa: E402
+from serve_app.routes import ROUTES  # noqa: E402
 from tools.prom import scrape, service_sample  # noqa: E402
 from tools.prometheus_server import find_prometheus, start_prometheus  # noqa: E402
 from tools.random_model import make_random_model  # noqa: E402

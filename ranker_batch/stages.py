@@ -1,14 +1,11 @@
 """The job's two stages, each a Ray Data actor class (ranker_batch/job.py builds the pipeline):
 
-- `Prepare` (CPU actors): each row → the API request it stands for, validated and tokenized by
-  the service's own request path (serve_app/requests.py); or the API's 4xx message in `error`.
-- `Score` (one actor per GPU): the prepared rows packed and through the scorer's engine and
-  scheduling loop (gpu_worker/replica.py), all of a batch's rows in flight at once, so the loop
-  packs them into full batches; then the API's answer of each row as output columns.
-
-Between them a row is plain Arrow columns (PREPARED): the request body and its tokens, field by
-field, readable by any tool and by another version of this code; Score reads the body again
-(tens of µs a row, against the tokenizing it is spared) and packs the tokens.
+- `Prepare` (CPU actors): each row → the API request it stands for, validated, tokenized and
+  packed by the service's own request path (serve_app/requests.py), pickled into `_request`;
+  or the API's 4xx message in `error`.
+- `Score` (one actor per GPU): the prepared rows through the scorer's engine and scheduling loop
+  (gpu_worker/replica.py), all of a batch's rows in flight at once, so the loop packs them into
+  full batches; then the API's answer of each row as output columns.
 
 Both are 1:1 and deterministic in their row count, which is what lets Ray Data retry a block on
 a restarted actor without losing or repeating rows.
@@ -17,39 +14,15 @@ a restarted actor without losing or repeating rows.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import pickle
 
 import pyarrow as pa
 
 from ranker_batch.rows import RAW_RELEVANCE, answer_columns, output_schema, request_body
 from ranker_contract.config import AppConfig
 from serve_app.protocol import ApiError
-from serve_app.routes import RERANK_V1, SCORE, Tokenized
+from serve_app.routes import RERANK_V1, SCORE
 from serve_app.validate import read_body
-
-# A prepared row's columns besides the id and `error`: the request body, then each field of
-# its tokens (serve_app/routes.py::Tokenized) under its name after "_".
-BODY = pa.field("_body", pa.binary())
-TOKENS = [pa.field(f"_{name}", kind) for name, kind in {
-    "prefix": pa.list_(pa.int32()),
-    "items": pa.list_(pa.list_(pa.int32())),
-    "label_ids": pa.list_(pa.int64()),
-    "from_text": pa.bool_(),
-    "item_first": pa.bool_(),
-    "truncated": pa.int64(),
-    "documents": pa.list_(pa.int64()),
-    "capped": pa.int64(),
-    "spans": pa.list_(pa.list_(pa.int64())),  # (start, end) pairs
-}.items()]
-PREPARED = pa.schema([BODY, *TOKENS])
-
-
-def tokens_of(row: dict) -> Tokenized:
-    """The Tokenized a prepared row's columns hold."""
-    fields = {f.name: row[f"_{f.name}"] for f in dataclasses.fields(Tokenized)}
-    if fields["spans"] is not None:
-        fields["spans"] = [tuple(span) for span in fields["spans"]]
-    return Tokenized(**fields)
 
 
 def _route(kind: str) -> str:
@@ -67,25 +40,22 @@ class Prepare:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         route = _route(self.kind)
-        bodies: list[bytes | None] = []
-        tokens: list[Tokenized | None] = []
-        errors: list[str | None] = []
+        prepared, errors = [], []
         for row in batch.to_pylist():
-            body = request_body(self.kind, row)
             try:
-                own, req, _ = self.path.parse(route, read_body(body, self.path.limits))
-                tokens.append(own.tokenize_now(req))
-                bodies.append(body)
-                errors.append(None)
+                body = read_body(request_body(self.kind, row), self.path.limits)
+                own, req, adapter = self.path.parse(route, body)
+                tokens = own.tokenize_now(req)
+                packed = self.path.pack(own, tokens, adapter)
             except ApiError as exc:
-                tokens.append(None)
-                bodies.append(None)
+                prepared.append(None)
                 errors.append(f"{exc.status} {exc.message}")
-        columns = [pa.array(bodies, BODY.type)]
-        columns += [pa.array([getattr(t, field.name[1:]) if t else None for t in tokens],
-                             field.type) for field in TOKENS]
-        return pa.table([batch.column(self.id_column), *columns, pa.array(errors, pa.string())],
-                        names=[self.id_column, *PREPARED.names, "error"])
+                continue
+            prepared.append(pickle.dumps((req, tokens, packed)))
+            errors.append(None)
+        return pa.table({self.id_column: batch.column(self.id_column),
+                         "_request": pa.array(prepared, pa.binary()),
+                         "error": pa.array(errors, pa.string())})
 
 
 class Score:
@@ -102,27 +72,24 @@ class Score:
         self.calibrated = app.calibration is not None
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = batch.to_pylist()
-        answers = await asyncio.gather(*(self._answer(r) for r in rows))
+        requests, errors = batch.column("_request").to_pylist(), batch.column("error").to_pylist()
+        answers = await asyncio.gather(*(self._answer(r) for r in requests))
         scores = [a[0] if a else None for a in answers]
         tokens = [a[1] if a else None for a in answers]
-        errors = batch.column("error")
         schema = output_schema(self.kind, batch.schema.field(self.id_column), self.calibrated)
         columns = [batch.column(self.id_column), pa.array(scores, schema.field(1).type)]
         if RAW_RELEVANCE.name in schema.names:
             columns.append(pa.array([a[2] if a else None for a in answers], RAW_RELEVANCE.type))
-        columns += [pa.array(tokens, pa.int64()), errors]
+        columns += [pa.array(tokens, pa.int64()), pa.array(errors, pa.string())]
         return pa.table(columns, schema=schema)
 
-    async def _answer(self, row: dict) -> tuple[list, int, list | None] | None:
-        if row[BODY.name] is None:  # refused by Prepare: its error says why
+    async def _answer(self, request: bytes | None) -> tuple[list, int, list | None] | None:
+        if request is None:  # refused by Prepare: its error says why
             return None
-        route, req, adapter = self.path.parse(_route(self.kind),
-                                              read_body(row[BODY.name], self.path.limits))
-        tokens = tokens_of(row)
-        packed = self.path.pack(route, tokens, adapter)
+        req, tokens, packed = pickle.loads(request)
         results = (await self.scorer.scheduler.run_job(packed.job(tokens))).results \
             if packed.sequences else []
+        route = self.path.route_for(_route(self.kind), packed.adapter)
         return answer_columns(self.kind, self.path.respond(route, req, tokens, packed, results))
 
     def __del__(self) -> None:

@@ -161,10 +161,12 @@ def check_text(text: str, param: str) -> None:
 
 
 def _check_token_ids(ids: list[int], param: str, vocab_size: int) -> None:
-    for j, token in enumerate(ids):
-        if not 0 <= token < vocab_size:
-            raise ApiError(400, f"{param}[{j}] = {token} is outside the vocabulary "
-                           f"[0, {vocab_size})", f"{param}[{j}]")
+    # min and max loop in C: a request of 10,000 items × 180 ids costs ~10× less than a Python
+    # loop over every id, which is then run only to name the first one outside.
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        j, token = next((j, t) for j, t in enumerate(ids) if not 0 <= t < vocab_size)
+        raise ApiError(400, f"{param}[{j}] = {token} is outside the vocabulary "
+                       f"[0, {vocab_size})", f"{param}[{j}]")
 
 
 def check_token_count(query: list[int], items: list[list[int]], limits: Limits,

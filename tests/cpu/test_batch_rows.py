@@ -42,52 +42,12 @@ def test_the_cli_refuses_an_output_folder_with_files(tmp_path):
     assert r.returncode != 0 and "is not empty" in r.stderr
 
 
-def test_a_prepared_row_is_plain_columns_that_give_back_its_tokens():
-    """Between the job's stages (ranker_batch/stages.py) a row is the request body and its
-    tokens as Arrow columns, no pickled object: each row's columns give back exactly what the
-    service's request path tokenizes for it; a refused row has its error and no columns."""
-    import pyarrow as pa
-
-    from ranker_batch.stages import PREPARED, Prepare, tokens_of
-    from serve_app.requests import RequestPath
-    from serve_app.routes import RERANK_V1, SCORE
-    from serve_app.validate import read_body
-    from tools.configs import shipped_app_config
-
-    app = shipped_app_config("score.yaml")
-    path = RequestPath(app)
-    long = "word " * 6000  # two chunks in the model's window
-    tables = [  # (kind, its route, rows of one Arrow type each): the last one is refused
-        ("score", SCORE, [{"id": 1, "query": "is it?", "items": ["yes", "no, not at all"],
-                           "label_token_ids": [10539, 5230]},
-                          {"id": 3, "query": "q", "items": ["x"], "label_token_ids": [-1]}]),
-        ("score", SCORE, [{"id": 2, "query": [5, 6, 7], "items": [[8], [9, 10]],
-                           "label_token_ids": [3, 4], "item_first": True},
-                          {"id": 3, "query": [5], "items": [[8]], "label_token_ids": [-1],
-                           "item_first": False}]),
-        ("rerank", RERANK_V1, [{"id": 1, "query": "q", "documents": ["short", long],
-                                "max_tokens_per_doc": None, "max_chunks_per_doc": None},
-                               {"id": 2, "query": "q", "documents": ["a b c d e f", long],
-                                "max_tokens_per_doc": 3, "max_chunks_per_doc": None},
-                               {"id": 4, "query": "q", "documents": ["x", long],
-                                "max_tokens_per_doc": None, "max_chunks_per_doc": 1},
-                               {"id": 3, "query": "q", "documents": ["d"],
-                                "max_tokens_per_doc": 0, "max_chunks_per_doc": None}]),
-    ]
-    seen = set()
-    for kind, route, rows in tables:
-        out = Prepare(app.model_dump(), kind, "id")(pa.Table.from_pylist(rows))
-        assert out.schema == pa.schema([pa.field("id", pa.int64()), *PREPARED,
-                                        pa.field("error", pa.string())])
-        for row, prepared in zip(rows, out.to_pylist(), strict=True):
-            if row["id"] == 3:  # not a valid request: the API's 400, nothing else
-                assert prepared["error"].startswith("400 ")
-                assert all(prepared[name] is None for name in PREPARED.names)
-                continue
-            assert prepared["error"] is None
-            own, req, _ = path.parse(route, read_body(request_body(kind, row), path.limits))
-            tokens = tokens_of(prepared)
-            assert tokens == own.tokenize_now(req), (kind, row["id"])
-            seen.update(name for name in ("documents", "truncated", "capped")
-                        if getattr(tokens, name))
-    assert seen == {"documents", "truncated", "capped"}  # the rerank fields came through too
+def test_the_batch_job_imports_nothing_of_the_http_side():
+    """The job runs the service's request path (serve_app/requests.py), not its ingress: neither
+    the ingress, its metrics nor Ray Serve is imported by it."""
+    code = ("import sys, ranker_batch.job, ranker_batch.stages, serve_app.requests; "
+            "print(sorted(m for m in sys.modules if m.startswith(('serve_app.ingress', "
+            "'serve_app.metrics', 'ray.serve'))))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                       text=True, check=True)
+    assert r.stdout.strip() == "[]"

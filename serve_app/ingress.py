@@ -105,9 +105,9 @@ def _at_capacity(retry_after_s: float | None, reason: str = "") -> ApiError:
 
 
 def _timed_out(timeout_s: float) -> ApiError:
-    return ApiError(408, f"the request was not answered within its deadline of {timeout_s:g} s "
-                    f"and was dropped unscored; ask for a longer one with the header "
-                    f"{TIMEOUT_HEADER}: N (0: none)")
+    return ApiError(408, f"the request was not answered within its deadline of "
+                    f"{timeout_s:g} s and was dropped unscored; ask for a longer one with the "
+                    f"header {TIMEOUT_HEADER}: N (0: none)")
 
 
 def _no_scorer(reason: str) -> ApiError:
@@ -239,15 +239,13 @@ class ScoreIngress:
             except TimeoutError:
                 if not deadline.expired():
                     raise
-                # counted as cancelled, like a request whose client left (metrics)
-                status, error_type = CANCELLED_STATUS, CANCELLED_TYPE
                 raise _timed_out(timeout_s) from None
             status, error_type = response.status_code, None
             return response
         except ApiError as exc:
-            if exc.status == CANCELLED_STATUS:
-                raise
-            status, error_type = exc.status, exc.kind
+            # a deadline that passed counts as cancelled, like a client that left (metrics)
+            status = exc.status
+            error_type = CANCELLED_TYPE if exc.status == CANCELLED_STATUS else exc.kind
             raise
         except asyncio.CancelledError:  # the client went away or its timeout passed
             status, error_type = CANCELLED_STATUS, CANCELLED_TYPE

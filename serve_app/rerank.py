@@ -177,6 +177,7 @@ class RerankPrompter:
         items, documents, pieces, truncated, capped = [], [], [], 0, 0
         for k, item in enumerate(joined):
             doc, first = alone.get(k), 0  # first: where doc starts in the document's tokens
+            piece = None  # the part of the document the item holds (None: all of it)
             if doc is not None:
                 cut = req.max_tokens_per_doc is not None and len(doc) > req.max_tokens_per_doc
                 if cut:
@@ -197,14 +198,10 @@ class RerankPrompter:
                     continue
                 # Cut, or joined with the suffix one token too long for the window: apart.
                 if cut or (room is not None and len(item) > room + len(self.suffix_ids)):
-                    item = doc + self.suffix_ids
-                    pieces.append((k, first, first + len(doc)))
-                    items.append(item)
-                    documents.append(k)
-                    continue
+                    item, piece = doc + self.suffix_ids, (k, first, first + len(doc))
             items.append(item)
             documents.append(k)
-            pieces.append(None)  # the whole document
+            pieces.append(piece)
         spans = None
         if req.return_chunks:
             spans = [(0, len(req.documents[documents[i]])) if piece is None

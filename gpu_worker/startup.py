@@ -11,8 +11,9 @@ arguments (each integer and pointer argument is specialized on being 16-divisibl
   (gpu_worker/host_tensors.py), 16-aligned for an even T only: both parities run;
 - FlashInfer builds its modules on the first plan() of multi-item and of plain (empty-query)
   layouts, and the longest sequence sets the largest positions and attention rows.
-- with a prefix cache, a batch that reads it runs FlashInfer's non-causal pass over the pool
-  and the merge of two passes' outputs: more modules built on first use (cached_warm_up_batches).
+- with a prefix cache, a batch that fills it and a budget's worth that reads it run once too
+  (cached_warm_up_batches): a reader attends over a per-layer copy of its K/V and the pool
+  rows it reads, memory the probe's batch did not hold.
 Graph buckets are captured at start-up already; the batches here run eagerly, as under load,
 which also grows the memory pools to their working size.
 """

@@ -127,7 +127,6 @@ def config_keys() -> set[str]:
 
     walk(config.AppConfig, [])
     keys.update(config.REMOVED, (f"engine.{k}" for k in config.REMOVED_ENGINE_KEYS))
-    keys.update(f"{key}.{name}" for key in config.REMOVED for name in ("requests_per_scorer",))
     return keys
 
 

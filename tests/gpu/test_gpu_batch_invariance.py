@@ -5,7 +5,8 @@ eager, a prefix-cache miss and hits); every label log-prob must equal its lone o
 bf16 and FP8.
 
 Queries and items of 32 to 300 tokens, the lengths the guarantee covers; how far shorter ones
-and a partial prefix-cache hit move a score is measured by loadtest/batch_invariance.py."""
+move a score is measured by loadtest/batch_invariance.py (a partial prefix-cache hit, also
+outside it, is bounded on the CPU by tests/cpu/test_prefix_cache.py)."""
 
 import random
 

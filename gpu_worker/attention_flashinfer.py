@@ -67,6 +67,45 @@ def paged_layout(sequences: list[PackedSequence], cached_rows: list[range | None
     return qo_indptr, kv_indptr, kv_indices
 
 
+# FlashInfer (the 0.6.6 pyproject.toml pins) plans its query tile, and with it the step its
+# K/V loop takes, from a packed row count: an eager plan from the average block's rows x the GQA
+# group, a CUDA-graph plan from (bucket rows - requests + 1) x the group. The widest tile (128
+# rows; 64 from head_dim 256) is planned above this many packed rows; a row's sum over the keys
+# follows the tile (docs/ARCHITECTURE.md, "Deterministic scores").
+def widest_tile_above(head_dim: int) -> int:
+    return 64 if head_dim < 256 else 16
+
+
+def add_tile_request(qo_indptr: list[int], kv_indptr: list[int], group: int,
+                     head_dim: int) -> int:
+    """Where the eager planner would pick a narrower tile than the widest (its blocks average
+    too few rows), append a request of no K/V with just enough rows to lift the average over,
+    so every batch sums a row's keys in the same steps as a CUDA graph. Returns its rows (0:
+    none added). Those rows are past the batch's: planned only (hide_tile_request)."""
+    rows, blocks = qo_indptr[-1], len(qo_indptr) - 1
+    above = widest_tile_above(head_dim)
+    if not blocks or rows * group // blocks > above:
+        return 0
+    extra = -(-(above + 1) * (blocks + 1) // group) - rows
+    qo_indptr.append(rows + extra)
+    kv_indptr.append(kv_indptr[-1])
+    return extra
+
+
+def hide_tile_request(wrapper, rows: int) -> None:
+    """After plan(): the device copy of the row offsets ends the added request (add_tile_request)
+    at the batch's last row, so it has no rows there: its tiles read no query and write no
+    output, as they read no K/V. A private field of the wrapper: a release without it fails
+    here, by name."""
+    if not isinstance(getattr(wrapper, "_qo_indptr_buf", None), torch.Tensor):
+        raise RuntimeError(
+            "this FlashInfer has no _qo_indptr_buf tensor on its prefill wrapper: the "
+            "deterministic plan written for the release pyproject.toml pins "
+            "(docs/ARCHITECTURE.md, 'Deterministic scores') needs revisiting; run with "
+            "engine.deterministic: false meanwhile")
+    wrapper._qo_indptr_buf[-1:].fill_(rows)
+
+
 def cached_gather(rows: int, cached_slots: list[Sequence[int] | None]
                   ) -> tuple[array.array, list[range | None]]:
     """The pool slots a batch of `rows` rows reads, gathered after its rows, each distinct list
@@ -170,6 +209,8 @@ class FlashInferAttention:
         self.device = device
         self.pool = pool
         self._split = {} if split_kv else {"disable_split_kv": True}
+        self._widest_tile = not split_kv  # deterministic: add_tile_request
+        self._group = cfg.num_attention_heads // cfg.num_key_value_heads
         self.workspace_gpu = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace_gpu, "NHD", backend="fa2")
@@ -182,9 +223,15 @@ class FlashInferAttention:
         """Plan the batch; returns the tensors that must stay alive until the batch finished."""
         gather, cached_rows = cached_gather(sum(seq.num_tokens for seq in sequences),
                                             cached_slots or [None] * len(sequences))
+        qo_indptr, kv_indptr, kv_indices = paged_layout(sequences, cached_rows)
+        rows = qo_indptr[-1]
+        added = self._widest_tile and add_tile_request(qo_indptr, kv_indptr, self._group,
+                                                       self.cfg.head_dim)
         self._fence.wait()
-        keep = plan_wrapper(self.wrapper, self.cfg, self.device,
-                            *paged_layout(sequences, cached_rows), dtype, **self._split)
+        keep = plan_wrapper(self.wrapper, self.cfg, self.device, qo_indptr, kv_indptr,
+                            kv_indices, dtype, **self._split)
+        if added:
+            hide_tile_request(self.wrapper, rows)
         self._fence.issued()
         self.gather = None
         if gather:

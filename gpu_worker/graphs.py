@@ -23,7 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_worker.attention_flashinfer import WORKSPACE_BYTES, FlashInferGraphAttention
+from gpu_worker.attention_flashinfer import (
+    WORKSPACE_BYTES,
+    FlashInferGraphAttention,
+    widest_tile_above,
+)
 from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.lora import LoraBatch
 from gpu_worker.model import CausalLMForScoring, Ops
@@ -61,12 +65,18 @@ class CudaGraphs:
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         pool = torch.cuda.graph_pool_handle()
         self.graphs: list[_Graph] = []
+        cfg = model.config
+        group = cfg.num_attention_heads // cfg.num_key_value_heads
         for tokens in sorted(token_buckets, reverse=True):  # largest first: the pool is reused
-            for rows in sorted((r for r in ROW_BUCKETS if r <= tokens), reverse=True):
-                # Every sequence has a score row per item and one attention block more than it
-                # has items, so `rows` items make at most 2 * rows blocks; the query rows each
-                # block after the first reads are at most `tokens`, for at most `rows` blocks.
-                attention = FlashInferGraphAttention(model.config, device, tokens,
+            # Every sequence has a score row per item and one attention block more than it has
+            # items, so `rows` items make at most 2 * rows blocks; the query rows each block
+            # after the first reads are at most `tokens`, for at most `rows` blocks. A bucket
+            # whose plan would take a narrower tile than eager batches is left out: a batch of
+            # that many items in so few tokens takes a larger one (widest_tile_above).
+            for rows in sorted((r for r in ROW_BUCKETS if r <= tokens
+                                and (tokens - 2 * r) * group > widest_tile_above(
+                                    cfg.head_dim)), reverse=True):
+                attention = FlashInferGraphAttention(cfg, device, tokens,
                                                      max_requests=2 * rows,
                                                      kv_capacity=tokens * (rows + 1),
                                                      workspace_gpu=workspace)

@@ -7,7 +7,12 @@ import random
 import pytest
 import torch
 
-from gpu_worker.attention_flashinfer import paged_layout, zero_int_workspace
+from gpu_worker.attention_flashinfer import (
+    add_tile_request,
+    hide_tile_request,
+    paged_layout,
+    zero_int_workspace,
+)
 from gpu_worker.attention_torch import multi_item_mask
 from ranker_contract.packing import pack_multi_item, pack_plain
 
@@ -158,3 +163,58 @@ def test_the_graph_workaround_zeroes_both_int_buffers_and_names_a_missing_one():
     del wrapper._int_workspace_buffer
     with pytest.raises(RuntimeError, match="_int_workspace_buffer"):
         zero_int_workspace(wrapper)
+
+
+def eager_tile(qo_indptr, group, head_dim=128):
+    """The query tile FlashInfer 0.6.6's eager planner picks (scheduler.cuh: the average packed
+    block, in integer division, then FA2DetermineCtaTileQ on an Ampere-or-newer GPU)."""
+    average = (qo_indptr[-1] - qo_indptr[0]) * group // (len(qo_indptr) - 1)
+    if average > 64 and head_dim < 256:
+        return 128
+    return 64 if average > 16 else 16
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+def test_a_request_added_where_needed_makes_every_eager_plan_take_the_widest_tile(group):
+    """gpu_worker/attention_flashinfer.py::add_tile_request: short blocks (one-token items, a
+    cache hit's delimiter-only query block) and long ones, each planned at 128 rows; the
+    request is added only where needed, with no K/V, and is as short as it can be."""
+    rng = random.Random(group)
+    for _ in range(300):
+        lengths = [rng.choice([1, 2, rng.randint(1, 40), rng.randint(1, 400)])
+                   for _ in range(rng.randint(1, 300))]
+        qo_indptr = [0]
+        for n in lengths:
+            qo_indptr.append(qo_indptr[-1] + n)
+        kv_indptr = list(range(len(qo_indptr)))  # any page lists
+        before = (list(qo_indptr), list(kv_indptr))
+        extra = add_tile_request(qo_indptr, kv_indptr, group, head_dim=128)
+        assert eager_tile(qo_indptr, group) == 128
+        if eager_tile(before[0], group) == 128:
+            assert extra == 0 and (qo_indptr, kv_indptr) == before
+            continue
+        assert qo_indptr[:-1] == before[0] and qo_indptr[-1] == before[0][-1] + extra
+        assert kv_indptr == before[1] + [before[1][-1]]  # no K/V
+        one_less = before[0] + [before[0][-1] + extra - 1]
+        assert eager_tile(one_less, group) < 128
+
+
+def test_with_head_dim_256_the_widest_tile_is_the_64_row_one_planned_above_16_rows():
+    qo_indptr, kv_indptr = [0, 3, 6], [0, 1, 2]
+    assert add_tile_request(qo_indptr, kv_indptr, group=2, head_dim=256) == 20
+    assert qo_indptr == [0, 3, 6, 26] and eager_tile(qo_indptr, 2, head_dim=256) == 64
+    assert eager_tile([0, 3, 6, 25], 2, head_dim=256) == 16
+
+
+def test_the_added_request_ends_at_the_batch_on_the_device_and_a_missing_field_is_named():
+    """hide_tile_request on a stand-in wrapper: the device row offsets' last entry (the added
+    request's end) set back to the batch's rows, the others untouched."""
+    class Wrapper:
+        _qo_indptr_buf = torch.tensor([0, 4, 9, 40], dtype=torch.int32)
+
+    wrapper = Wrapper()
+    hide_tile_request(wrapper, 9)
+    assert wrapper._qo_indptr_buf.tolist() == [0, 4, 9, 9]
+    del Wrapper._qo_indptr_buf
+    with pytest.raises(RuntimeError, match="_qo_indptr_buf"):
+        hide_tile_request(wrapper, 9)

@@ -1,23 +1,22 @@
-"""Deterministic scores (docs/ARCHITECTURE.md, "Deterministic scores"): 1,000 random (query,
-item) pairs, each scored alone as the reference (a CUDA graph replay), then in other
-compositions (requests of 1 to 500 items, several sequences, other requests beside, graphs and
-eager, a prefix-cache miss and hits); every label log-prob must equal its lone one bit for bit,
-bf16 and FP8.
+"""Deterministic scores (docs/ARCHITECTURE.md, "Deterministic scores"): random (query, item) pairs,
+each scored alone as the reference (a CUDA graph replay), then in other compositions (requests of
+1 to 500 items, several sequences, other requests beside, graphs and eager, a prefix-cache miss,
+hits and partial hits); every label log-prob must equal its lone one bit for bit, bf16 and FP8.
 
-Queries and items of 32 to 300 tokens, the lengths the guarantee covers; how far shorter ones
-move a score is measured by loadtest/batch_invariance.py (a partial prefix-cache hit, also
-outside it, is bounded on the CPU by tests/cpu/test_prefix_cache.py)."""
+Two sets: 1,000 pairs of queries of 32 to 200 tokens and items of 32 to 300; and 500 of short
+items (1 to 31 tokens) after queries of 16 to 300, pairs of which start alike (a partial hit),
+whose blocks average so few rows that FlashInfer's eager planner would take a narrower tile
+(gpu_worker/attention_flashinfer.py::add_tile_request)."""
 
 import random
 
 import pytest
 
+from gpu_worker.attention_flashinfer import add_tile_request, paged_layout
 from gpu_worker.engine import Engine
 from ranker_contract.config import EngineConfig
 from tests.gpu.conftest import LABELS, ids
 from tests.support.compositions import pack, score_batch
-
-ITEMS_PER_QUERY = [500, 100, 100, 100, 100, 100]  # 1,000 pairs
 
 
 def score_requests(engine, batches, eager=False):
@@ -40,12 +39,11 @@ def with_prefix_cache(engine):
         "tokens": 1 << 16, "min_tokens": 32, "min_query_share": 0.0}))
 
 
-def test_a_score_does_not_depend_on_its_batch(engine):
-    rng = random.Random(53)
-    queries = [ids(rng, rng.randint(32, 200)) for _ in ITEMS_PER_QUERY]
-    items = {(q, i): ids(rng, rng.randint(32, 300))
-             for q, n in enumerate(ITEMS_PER_QUERY) for i in range(n)}
-    by_query = [[(q, i) for i in range(n)] for q, n in enumerate(ITEMS_PER_QUERY)]
+def compositions(engine, rng, queries, items):
+    """Score every pair of `items` ({(query index, item index): ids}) alone, then in each
+    composition; returns {composition: (pairs that differ from alone, max |Δ|)} and the
+    engine with the prefix cache that scored the cached composition."""
+    by_query = [[key for key in items if key[0] == q] for q in range(len(queries))]
 
     def request(keys):
         return keys, pack(queries[keys[0][0]], [items[k] for k in keys])
@@ -54,7 +52,7 @@ def test_a_score_does_not_depend_on_its_batch(engine):
     lone = score_requests(engine, alone)
     assert all(engine.graphs.pick(seqs, 1, len(LABELS)) for [(_, seqs)] in alone)
 
-    # each query's items in one request (500 or 100), split over sequences of 4,096 tokens
+    # each query's items in one request, split over sequences of 4,096 tokens
     whole = [[(keys, pack(queries[keys[0][0]], [items[k] for k in keys], max_seq_tokens=4096))]
              for keys in (rng.sample(q_keys, len(q_keys)) for q_keys in by_query)]
     # every query's items shuffled into requests of 1 to 40, shuffled into batches of 1 to 6
@@ -80,26 +78,58 @@ def test_a_score_does_not_depend_on_its_batch(engine):
     graphs_used = sum(map(fits_a_graph, mixed))
     assert 0 < graphs_used < len(mixed)  # both paths in the mixed run
 
-    # on an engine with the prefix cache: each query's first request a miss, the rest hits
+    # on an engine with the prefix cache, each request a batch of its own
     cached = with_prefix_cache(engine)
-    from_cache = score_requests(cached, [[r] for r in requests])
-    stats, sequences = cached.prefix_cache.stats, sum(len(seqs) for _, seqs in requests)
-    assert (stats.misses, stats.hits, stats.partial_hits) == (len(by_query),
-                                                              sequences - len(by_query), 0)
-
-    compositions = {
+    got = {
         "alone, eager": score_requests(engine, alone, eager=True),
-        "each query's 500 or 100 items in one request, several sequences":
-            score_requests(engine, whole),
+        "each query's items in one request, several sequences": score_requests(engine, whole),
         "mixed requests and batches, graphs where they fit": score_requests(engine, mixed),
         "the same batches, eager": score_requests(engine, mixed, eager=True),
-        "the same requests, a prefix-cache miss then hits": from_cache,
+        "the same requests, through the prefix cache": score_requests(cached,
+                                                                     [[r] for r in requests]),
     }
     differ = {}
-    for name, got in compositions.items():
-        assert got.keys() == lone.keys(), name
-        deltas = [max(abs(a - b) for a, b in zip(got[k], lone[k])) for k in lone]
+    for name, scores in got.items():
+        assert scores.keys() == lone.keys(), name
+        deltas = [max(abs(a - b) for a, b in zip(scores[k], lone[k])) for k in lone]
         differ[name] = (sum(d > 0 for d in deltas), max(deltas))
         print(f"{name}: {differ[name][0]} of {len(deltas)} pairs differ, max |Δ| "
               f"{differ[name][1]:.3g}")
+    sequences = {q: sum(len(seqs) for keys, seqs in requests if keys[0][0] == q)
+                 for q in range(len(queries))}
+    return differ, cached.prefix_cache.stats, sequences
+
+
+def test_a_score_does_not_depend_on_its_batch(engine):
+    rng = random.Random(53)
+    items_per_query = [500, 100, 100, 100, 100, 100]  # 1,000 pairs
+    queries = [ids(rng, rng.randint(32, 200)) for _ in items_per_query]
+    items = {(q, i): ids(rng, rng.randint(32, 300))
+             for q, n in enumerate(items_per_query) for i in range(n)}
+    differ, stats, sequences = compositions(engine, rng, queries, items)
+    # each query's first request a miss, every later one a hit
+    assert (stats.misses, stats.hits, stats.partial_hits) == (
+        len(queries), sum(sequences.values()) - len(queries), 0)
+    assert all(n == 0 for n, _ in differ.values()), differ
+
+
+def test_short_items_and_queries_that_start_alike(engine):
+    rng = random.Random(5353)
+    first, third = ids(rng, 200), ids(rng, 280)
+    queries = [first, first[:96] + ids(rng, 60),  # 6 pages of 16 tokens alike
+               ids(rng, rng.randint(16, 31)),  # too short to cache
+               third, third[:160] + ids(rng, 20)]  # 10 pages alike
+    items_per_query = [200, 100, 100, 50, 50]  # 500 pairs
+    items = {(q, i): ids(rng, rng.randint(1, 31))
+             for q, n in enumerate(items_per_query) for i in range(n)}
+    mcfg = engine.model.config
+    group = mcfg.num_attention_heads // mcfg.num_key_value_heads
+    # the lone eager batches include some the planner would have run on a narrower tile
+    assert any(add_tile_request(*paged_layout(pack(queries[q], [items[q, i]]))[:2], group,
+                                mcfg.head_dim) for q, i in items)
+    differ, stats, sequences = compositions(engine, rng, queries, items)
+    # of each pair of queries alike, the first to come a miss and the other a partial hit;
+    # every later request of the four a hit; the short query never looked up
+    cacheable = sum(n for q, n in sequences.items() if q != 2)
+    assert (stats.misses, stats.partial_hits, stats.hits) == (2, 2, cacheable - 4)
     assert all(n == 0 for n, _ in differ.values()), differ

@@ -95,15 +95,19 @@ def add_tile_request(qo_indptr: list[int], kv_indptr: list[int], group: int,
 def hide_tile_request(wrapper, rows: int) -> None:
     """After plan(): the device copy of the row offsets ends the added request (add_tile_request)
     at the batch's last row, so it has no rows there: its tiles read no query and write no
-    output, as they read no K/V. A private field of the wrapper: a release without it fails
-    here, by name."""
-    if not isinstance(getattr(wrapper, "_qo_indptr_buf", None), torch.Tensor):
-        raise RuntimeError(
-            "this FlashInfer has no _qo_indptr_buf tensor on its prefill wrapper: the "
-            "deterministic plan written for the release pyproject.toml pins "
-            "(docs/ARCHITECTURE.md, 'Deterministic scores') needs revisiting; run with "
-            "engine.deterministic: false meanwhile")
+    output, as they read no K/V. A private field of the wrapper (require_fields)."""
     wrapper._qo_indptr_buf[-1:].fill_(rows)
+
+
+def require_fields(wrapper, fields: tuple[str, ...], section: str, meanwhile: str) -> None:
+    """Fail, naming them, if the wrapper lacks private fields a workaround here writes: they
+    are FlashInfer 0.6.6's (the release pyproject.toml pins), and another may lack them."""
+    missing = [name for name in fields if not hasattr(wrapper, name)]
+    if missing:
+        raise RuntimeError(
+            f"this FlashInfer has no {', '.join(missing)} on its prefill wrapper: the "
+            f"workaround written for the release pyproject.toml pins (docs/ARCHITECTURE.md, "
+            f"'{section}') needs revisiting; run with {meanwhile} meanwhile")
 
 
 def cached_gather(rows: int, cached_slots: list[Sequence[int] | None]
@@ -133,15 +137,9 @@ def zero_int_workspace(wrapper) -> None:
     as of 0.6.6, adds the mask). Fresh pinned memory is zero (they redo tile 0 of request 0); a
     recycled block still holds another wrapper's indices, out of range here: an illegal memory
     access once an engine was freed in the process (docs/ARCHITECTURE.md, "CUDA graphs"). The
-    two buffers are private fields of the wrapper: a release without them fails here, by name."""
+    two buffers are private fields of the wrapper (require_fields)."""
     fields = ("_pin_memory_int_workspace_buffer", "_int_workspace_buffer")
-    missing = [name for name in fields if not hasattr(wrapper, name)]
-    if missing:
-        raise RuntimeError(
-            f"this FlashInfer has no {', '.join(missing)} on its prefill wrapper: the "
-            "CUDA-graph workaround written for the release pyproject.toml pins "
-            "(docs/ARCHITECTURE.md, 'CUDA graphs') needs revisiting; run with "
-            "engine.cuda_graphs.enabled: false meanwhile")
+    require_fields(wrapper, fields, "CUDA graphs", "engine.cuda_graphs.enabled: false")
     for name in fields:
         getattr(wrapper, name).zero_()
 
@@ -214,6 +212,9 @@ class FlashInferAttention:
         self.workspace_gpu = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace_gpu, "NHD", backend="fa2")
+        if self._widest_tile:
+            require_fields(self.wrapper, ("_qo_indptr_buf",), "Deterministic scores",
+                           "engine.deterministic: false")
         self._fence = _PlanFence()
         self.gather: torch.Tensor | None = None  # the batch's pool slots (cached_gather)
 

@@ -206,7 +206,7 @@ def test_with_head_dim_256_the_widest_tile_is_the_64_row_one_planned_above_16_ro
     assert eager_tile([0, 3, 6, 25], 2, head_dim=256) == 16
 
 
-def test_the_added_request_ends_at_the_batch_on_the_device_and_a_missing_field_is_named():
+def test_the_added_request_ends_at_the_batch_on_the_device():
     """hide_tile_request on a stand-in wrapper: the device row offsets' last entry (the added
     request's end) set back to the batch's rows, the others untouched."""
     class Wrapper:
@@ -215,6 +215,27 @@ def test_the_added_request_ends_at_the_batch_on_the_device_and_a_missing_field_i
     wrapper = Wrapper()
     hide_tile_request(wrapper, 9)
     assert wrapper._qo_indptr_buf.tolist() == [0, 4, 9, 9]
-    del Wrapper._qo_indptr_buf
-    with pytest.raises(RuntimeError, match="_qo_indptr_buf"):
-        hide_tile_request(wrapper, 9)
+
+
+def test_an_engine_on_a_flashinfer_without_the_private_field_fails_at_start_naming_it(
+        monkeypatch):
+    """FlashInferAttention (deterministic) checks the field hide_tile_request writes when it is
+    built, so an engine fails at start, not on its first short-item batch."""
+    import sys
+    import types
+
+    from gpu_worker.attention_flashinfer import FlashInferAttention
+
+    class Wrapper:  # FlashInfer's wrapper as a release without the field would build it
+        def __init__(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(
+        BatchPrefillWithPagedKVCacheWrapper=Wrapper))
+    cfg = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    cpu = torch.device("cpu")
+    FlashInferAttention(cfg, cpu, split_kv=True)  # not deterministic: nothing written
+    with pytest.raises(RuntimeError, match="_qo_indptr_buf.*deterministic: false"):
+        FlashInferAttention(cfg, cpu, split_kv=False)
+    Wrapper._qo_indptr_buf = None  # the release's wrapper before its first plan()
+    FlashInferAttention(cfg, cpu, split_kv=False)

@@ -113,6 +113,8 @@ class Engine:
             self._adapter_keys = [b""] * lora.slots
             self.max_rank = lora.max_rank
         self._lora_kernels = any(x.kernels for x in self._lora_linears.values())
+        if self.lora is not None:  # every batch with an adapter (gpu_worker/lora.py, LoraBatch)
+            self.lora.kernels = self._lora_kernels
         # LoRA graphs need every linear on the kernels: a graph's rows name their slots
         lora_graphs = self._lora_kernels and all(x.kernels for x in self._lora_linears.values())
         if cfg.deterministic and (fused or device.type == "cpu"):
@@ -232,9 +234,6 @@ class Engine:
         on_cuda = self.device.type == "cuda"
         if self.lora is not None:
             self._set_lora_batch(plan)
-            # several adapters: the kernels, which read each row's slot (gpu_worker/lora.py)
-            self.lora.kernels = (self._lora_kernels
-                                 and len({s for s, _, _ in self.lora.tokens}) > 1)
         # [T], [T], [R], [N], [N], then the rows and slots the cache inserts (empty without),
         # then each token's and each score row's adapter slot for the LoRA kernels (else empty)
         lists = (input_ids, positions, score_rows, label_rows, label_ids,

@@ -57,8 +57,8 @@ class CudaGraphs:
     def __init__(self, model: CausalLMForScoring, ops: Ops, token_buckets: list[int],
                  dtype: torch.dtype, device: torch.device, lora: LoraBatch | None = None
                  ) -> None:
-        """`lora`: the LoraBatch of the model's LoraLinears, every one of them on the kernels;
-        None: no LoRA graphs."""
+        """`lora`: the LoraBatch of the model's LoraLinears, every one of them on the kernels
+        (`lora.kernels`); None: no LoRA graphs."""
         started = time.perf_counter()
         free_before, _ = torch.cuda.mem_get_info()
         self.dtype = dtype
@@ -156,10 +156,10 @@ def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAtte
     out = captured["out"]
     lora_graph = None
     if lora is not None:  # the same inputs and output, every linear through the kernels
-        lora.kernels = lora.capturing = True
+        lora.capturing = True
         lora.token_slots, lora.row_slots = slots
         try:
             lora_graph = capture(lambda: out.copy_(forward()))
         finally:
-            lora.kernels = lora.capturing = False
+            lora.capturing = False
     return _Graph(tokens, rows, labels, attention, meta, out, graph, lora_graph)

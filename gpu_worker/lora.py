@@ -20,10 +20,11 @@ adapter slots puts one in place of each float linear, an `Fp8LoraLinear` in plac
 one). Where the output is wider than the input (qkv, gate/up), an adapter's rows run one GEMM
 with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ, which costs copies of x and W;
 elsewhere (o, down) the delta is added to the output afterwards, which reads and writes the
-output once more: each picks the smaller tensor to move. A batch of
-several adapters would pay those copies per adapter, and a CUDA graph cannot cut its rows at
-runs known only at replay: on Hopper both run through gpu_worker/lora_kernel.py instead
-(docs/ARCHITECTURE.md, "LoRA adapters").
+output once more: each picks the smaller tensor to move. That is the CPU's path and the
+kernels' reference: on Hopper every batch with an adapter runs through gpu_worker/lora_kernel.py
+instead, one path whatever the batch holds, so that a row's scores follow neither how many
+adapters its batch has nor whether a CUDA graph replays it (docs/ARCHITECTURE.md, "LoRA
+adapters").
 """
 
 from __future__ import annotations
@@ -154,9 +155,9 @@ class LoraBatch:
     tokens of one adapter, and the same of score rows (what the last layer's o_proj and MLP
     read). A batch sorted by adapter (the scheduler sorts it) has one run per adapter, which a
     LoraLinear reads as slices, with no gather; base sequences are in no run and pay nothing.
-    `kernels`: the batch runs through gpu_worker/lora_kernel.py instead, reading each row's
-    slot from `token_slots`/`row_slots` (a batch of several adapters, or a CUDA graph being
-    captured, whose rows' slots are its inputs: every linear then runs its kernels)."""
+    `kernels` (set once by the engine, on Hopper): every batch runs through
+    gpu_worker/lora_kernel.py instead, reading each row's slot from `token_slots`/`row_slots`
+    (on a CUDA graph being captured, its inputs)."""
 
     def __init__(self) -> None:
         self.tokens: list[tuple[int, int, int]] = []
@@ -214,10 +215,9 @@ class _LoraSlots:
         self.used.add(slot)
 
     def _through_kernels_now(self) -> bool:
-        """Kernels where the batch says so, unless no run of it adapts this linear (a graph
-        being captured: any may at replay)."""
-        return (self.kernels and self.batch.kernels
-                and (self.batch.capturing or bool(self._runs())))
+        """The kernels where this linear has them, unless no run of the batch adapts it (a
+        graph being captured: any may at replay)."""
+        return self.kernels and (self.batch.capturing or bool(self._runs()))
 
     def _row_slots(self) -> torch.Tensor:
         """Each input row's slot, on the device (the kernels read them)."""
@@ -239,8 +239,6 @@ class LoraLinear(_LoraSlots, Linear):
         Linear.__init__(self, linear.in_features, linear.out_features,
                         bias=linear.bias is not None, device="meta")
         self.weight, self.bias = linear.weight, linear.bias
-        # the kernels for several adapters' batches and in graphs: one adapter's run is faster
-        # as the slices below (docs/BENCHMARKS.md, "LoRA adapters")
         self._allocate_slots(batch, reads_rows, slots, rank, tuple(linear.weight.shape),
                              linear.weight.dtype, linear.weight.device, kernels)
         # K widened where the output is the larger tensor to move (the module docstring)
@@ -345,11 +343,6 @@ class Fp8LoraLinear(_LoraSlots, nn.Module):
             x = q[start:end].to(y.dtype) * scale[start:end].to(y.dtype)
             y[start:end].addmm_(x @ pair.a.t(), pair.b.t())
         return y
-
-    def _through_kernels_now(self) -> bool:
-        """The kernels for one adapter's run too: the shrink kernel reads the quantized rows as
-        they are, where the slices would first write them dequantized."""
-        return self.kernels and (self.batch.capturing or bool(self._runs()))
 
 
 def lora_linears(model: CausalLMForScoring, batch: LoraBatch, slots: int, max_rank: int,

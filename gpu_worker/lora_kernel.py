@@ -40,10 +40,11 @@ from gpu_worker.gate_up_silu_kernel import (
 # Without SwiGLU's second accumulator, one twice as wide: the same registers, the same tile of
 # output work per program as the gate/up kernel's.
 PLAIN_BLOCK_N = 2 * BLOCK_N
-# lora_shrink: a small batch (up to SMALL_SHRINK_M rows: a lone request's graph) is bound by the
-# latency of its K loop, so short row blocks and long K steps (256, where K allows); a large one
-# by memory (docs/BENCHMARKS.md, "LoRA adapters")
-SHRINK_BLOCK_M, SMALL_SHRINK_M, SMALL_SHRINK_BLOCK_M = 64, 4096, 16
+# lora_shrink: short row blocks and long K steps (256, where K allows), for a lone request's
+# graph, bound by the latency of its K loop (docs/BENCHMARKS.md, "LoRA adapters"); the same for
+# every batch, large ones too: a row's t must not follow its batch's row count (another block
+# shape compiles to other MMA instructions), docs/ARCHITECTURE.md, "Deterministic scores"
+SHRINK_BLOCK_M = 16
 ADD_BLOCK_M, ADD_BLOCK_N = 64, 128
 NO_SLOT = 1 << 30  # above any slot: a tile without adapter rows loops over none
 
@@ -156,13 +157,10 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor,
     r = a.shape[1]
     t = torch.empty((m, r), device=x.device, dtype=a.dtype)
     if m:
-        small = m <= SMALL_SHRINK_M
-        block_m = SMALL_SHRINK_BLOCK_M if small else SHRINK_BLOCK_M
-        block_k = next((b for b in (256, 128) if small and k % b == 0), BLOCK_K)
-        _lora_shrink_kernel[(triton.cdiv(m, block_m),)](
-            x, a, t, slots, x if scale is None else scale, m, K=k, R=r, BLOCK_M=block_m,
-            BLOCK_K=block_k, NO_SLOT=NO_SLOT, SCALED=scale is not None,
-            **({"num_stages": 4} if small else {}))
+        block_k = next((b for b in (256, 128) if k % b == 0), BLOCK_K)
+        _lora_shrink_kernel[(triton.cdiv(m, SHRINK_BLOCK_M),)](
+            x, a, t, slots, x if scale is None else scale, m, K=k, R=r, BLOCK_M=SHRINK_BLOCK_M,
+            BLOCK_K=block_k, NO_SLOT=NO_SLOT, SCALED=scale is not None, num_stages=4)
     return t
 
 

@@ -125,8 +125,9 @@ def warm_up(engine, budget_tokens: int, max_seq_tokens: int) -> None:
     for batch in warm_up_batches(budget_tokens, max_seq_tokens):
         _run(engine, batch, eager=True, use_cache=False)
     loaded = [slot for slot, adapter in enumerate(engine.adapters, 1) if adapter]
-    if loaded:  # one adapter's run (widened GEMMs: every slot has the same width), then several
-        batch = warm_up_batches(budget_tokens, max_seq_tokens)[0]  # (gpu_worker/lora_kernel.py)
+    if loaded:  # one adapter's run, then several: on Hopper the LoRA kernels either way
+        # (gpu_worker/lora_kernel.py), elsewhere slices (widened GEMMs: every slot one width)
+        batch = warm_up_batches(budget_tokens, max_seq_tokens)[0]
         _run(engine, batch, eager=True, use_cache=False,
              adapters=[loaded[0]] * len(batch))
         mixed = [0, *loaded]

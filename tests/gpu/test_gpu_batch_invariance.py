@@ -3,10 +3,11 @@ each scored alone as the reference (a CUDA graph replay), then in other composit
 1 to 500 items, several sequences, other requests beside, graphs and eager, a prefix-cache miss,
 hits and partial hits); every label log-prob must equal its lone one bit for bit, bf16 and FP8.
 
-Two sets: 1,000 pairs of queries of 32 to 200 tokens and items of 32 to 300; and 500 of short
+Three sets: 1,000 pairs of queries of 32 to 200 tokens and items of 32 to 300; and 500 of short
 items (1 to 31 tokens) after queries of 16 to 300, pairs of which start alike (a partial hit),
 whose blocks average so few rows that FlashInfer's eager planner would take a narrower tile
-(gpu_worker/attention_flashinfer.py::add_tile_request)."""
+(gpu_worker/attention_flashinfer.py::add_tile_request); and 300 pairs on LoRA adapters (two, and
+the model alone), alone, in batches of one adapter and in batches that mix them."""
 
 import random
 
@@ -14,15 +15,17 @@ import pytest
 
 from gpu_worker.attention_flashinfer import add_tile_request, paged_layout
 from gpu_worker.engine import Engine
-from ranker_contract.config import EngineConfig
+from gpu_worker.lora import load_adapter
+from ranker_contract.config import EngineConfig, LoraConfig
+from ranker_contract.model_config import ModelConfig
 from tests.gpu.conftest import LABELS, ids
 from tests.support.compositions import pack, score_batch
 
 
-def score_requests(engine, batches, eager=False):
+def score_requests(engine, batches, eager=False, adapter_of=None):
     """{pair key: label log-probs} of every batch of `batches` (score_batch)."""
     return {key: row for batch in batches
-            for key, row in score_batch(engine, batch, LABELS, eager).items()}
+            for key, row in score_batch(engine, batch, LABELS, eager, adapter_of).items()}
 
 
 @pytest.fixture(scope="module", params=["bf16", "fp8"])
@@ -134,4 +137,69 @@ def test_short_items_and_queries_that_start_alike(engine):
     # every later request of the four a hit; the short query never looked up
     cacheable = sum(n for q, n in sequences.items() if q != 2)
     assert (stats.misses, stats.partial_hits, stats.hits) == (2, 2, cacheable - 4)
+    assert all(n == 0 for n, _ in differ.values()), differ
+
+
+@pytest.fixture(scope="module")
+def adapter_folders(qwen3_path, tmp_path_factory):
+    """Two seeded peft adapters of the model: rank 16 on all seven projections, rank 8 on three."""
+    from tests.support.adapters import ALL, write_adapters
+
+    made = write_adapters(qwen3_path, tmp_path_factory.mktemp("adapters"), {
+        "all": {"r": 16, "lora_alpha": 16, "target_modules": ALL},
+        "some": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj", "gate_proj"]}})
+    return [adapter for adapter, _ in made.values()]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_a_score_on_an_adapter_does_not_depend_on_its_batch(qwen3_path, adapter_folders,
+                                                            precision):
+    engine = Engine.from_config(qwen3_path, EngineConfig(
+        device="cuda", precision=precision, cuda_graphs={"enabled": True}),
+        lora=LoraConfig(slots=4, max_rank=16))
+    model_cfg = ModelConfig.from_folder(qwen3_path)
+    for folder in adapter_folders:
+        engine.add_adapter(load_adapter(folder, model_cfg, engine.dtype, engine.device))
+    assert engine.graphs.lora  # a lone request on an adapter replays a graph
+    rng = random.Random(530)
+    queries = [ids(rng, rng.randint(32, 200)) for _ in range(6)]
+    items = {(q, i): ids(rng, rng.randint(32, 300)) for q in range(6) for i in range(50)}
+
+    def adapter_of(key):  # the model alone, then each adapter, for every query in turn
+        return key[0] % 3
+
+    def request(keys):
+        return keys, pack(queries[keys[0][0]], [items[k] for k in keys])
+
+    alone = [[request([key])] for key in items]
+    lone = score_requests(engine, alone, adapter_of=adapter_of)
+    requests = []
+    for q in range(6):
+        keys = rng.sample([k for k in items if k[0] == q], 50)
+        while keys:
+            n = rng.randint(1, 25)
+            requests.append(request(keys[:n]))
+            keys = keys[n:]
+    rng.shuffle(requests)
+    mixed = [requests[at:at + 4] for at in range(0, len(requests), 4)]
+    # batches of one adapter's requests (or the model's alone)
+    one_each = [[r for r in requests if adapter_of(r[0][0]) == slot] for slot in range(3)]
+    got = {
+        "alone, eager": score_requests(engine, alone, True, adapter_of),
+        "each query's items in one request": score_requests(
+            engine, [[request([k for k in items if k[0] == q])] for q in range(6)],
+            adapter_of=adapter_of),
+        "batches mixing the adapters and the model": score_requests(engine, mixed,
+                                                                    adapter_of=adapter_of),
+        "the same batches, eager": score_requests(engine, mixed, True, adapter_of),
+        "one adapter's requests in a batch": score_requests(engine, one_each,
+                                                            adapter_of=adapter_of),
+    }
+    differ = {}
+    for name, scores in got.items():
+        assert scores.keys() == lone.keys(), name
+        deltas = [max(abs(a - b) for a, b in zip(scores[k], lone[k])) for k in lone]
+        differ[name] = (sum(d > 0 for d in deltas), max(deltas))
+        print(f"{precision} adapters, {name}: {differ[name][0]} of {len(deltas)} pairs differ, "
+              f"max |Δ| {differ[name][1]:.3g}")
     assert all(n == 0 for n, _ in differ.values()), differ

@@ -12,11 +12,15 @@ def pack(query: list[int], items: list[list[int]], max_seq_tokens: int = 8192):
                         max_seq_tokens=max_seq_tokens, max_context=32768)
 
 
-def score_batch(engine, batch, labels: list[int], eager: bool = False) -> dict:
-    """`batch`: requests, each (its pair keys, its packed sequences), launched as one batch.
-    Returns {pair key: label log-probs}."""
+def score_batch(engine, batch, labels: list[int], eager: bool = False, adapter_of=None) -> dict:
+    """`batch`: requests, each (its pair keys, its packed sequences), launched as one batch;
+    `adapter_of(key)`: the LoRA adapter slot of a request, by its first pair's key (None: the
+    model alone). Returns {pair key: label log-probs}."""
     sequences = [seq for _, seqs in batch for seq in seqs]
-    rows = engine.finish(engine.launch(sequences, [labels] * len(sequences), eager=eager))
+    adapters = ([adapter_of(keys[0]) for keys, seqs in batch for _ in seqs]
+                if adapter_of else None)
+    rows = engine.finish(engine.launch(sequences, [labels] * len(sequences), eager=eager,
+                                       adapters=adapters))
     scores, at = {}, 0
     for keys, seqs in batch:
         items = [row for per_seq in rows[at:at + len(seqs)] for row in per_seq]

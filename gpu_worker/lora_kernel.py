@@ -40,11 +40,11 @@ from gpu_worker.gate_up_silu_kernel import (
 # Without SwiGLU's second accumulator, one twice as wide: the same registers, the same tile of
 # output work per program as the gate/up kernel's.
 PLAIN_BLOCK_N = 2 * BLOCK_N
-# lora_shrink: short row blocks and long K steps (256, where K allows), for a lone request's
-# graph, bound by the latency of its K loop (docs/BENCHMARKS.md, "LoRA adapters"); the same for
-# every batch, large ones too: a row's t must not follow its batch's row count (another block
-# shape compiles to other MMA instructions), docs/ARCHITECTURE.md, "Deterministic scores"
-SHRINK_BLOCK_M = 16
+# lora_shrink: one tiling for every batch, so that a row's t does not follow its batch's row
+# count (docs/ARCHITECTURE.md, "Deterministic scores"): 64-row blocks, as a large batch's
+# memory-bound shrink wants, and K steps of 128 where K allows, which a lone request's graph,
+# bound by its K loop's latency, wants long (docs/BENCHMARKS.md, "LoRA adapters")
+SHRINK_BLOCK_M, SHRINK_BLOCK_K = 64, 128
 ADD_BLOCK_M, ADD_BLOCK_N = 64, 128
 NO_SLOT = 1 << 30  # above any slot: a tile without adapter rows loops over none
 
@@ -157,7 +157,7 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor,
     r = a.shape[1]
     t = torch.empty((m, r), device=x.device, dtype=a.dtype)
     if m:
-        block_k = next((b for b in (256, 128) if k % b == 0), BLOCK_K)
+        block_k = SHRINK_BLOCK_K if k % SHRINK_BLOCK_K == 0 else BLOCK_K
         _lora_shrink_kernel[(triton.cdiv(m, SHRINK_BLOCK_M),)](
             x, a, t, slots, x if scale is None else scale, m, K=k, R=r, BLOCK_M=SHRINK_BLOCK_M,
             BLOCK_K=block_k, NO_SLOT=NO_SLOT, SCALED=scale is not None, num_stages=4)

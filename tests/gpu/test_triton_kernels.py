@@ -137,7 +137,7 @@ def test_fp8_row_quantizers_match_a_float64_reference(rows, width):
 
 @pytest.mark.parametrize("kind", ["plain", "swiglu", "added"])
 @pytest.mark.parametrize("order", ["sorted", "interleaved"])
-@pytest.mark.parametrize("repeats", [1, 3])  # 2,006 or 6,018 rows: lora_shrink's two tilings
+@pytest.mark.parametrize("repeats", [1, 3])  # 2,006 or 6,018 rows
 def test_lora_kernels_match_a_float64_reference(kind, order, repeats):
     """lora_shrink + lora_linear (qkv, gate/up with SwiGLU) or cuBLAS + lora_add (o, down) over
     base rows and three adapters (rank 64 of the 0.6B shapes): as close to a float64

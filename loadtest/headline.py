@@ -1,7 +1,8 @@
 """The headline run: every figure the README claims, measured on today's code on one GPU machine,
 optionally A/B against another commit in the same run (docs/BENCHMARKS.md, "Headline").
 
-  python -m loadtest.headline [--quick] [--baseline COMMIT] [--commit SHA] [--out PATH]
+  python -m loadtest.headline [--quick [--fp8] [--lora]] [--baseline COMMIT] [--commit SHA]
+                              [--out PATH]
 
 What it measures, on the shipped configs/score-gpu.yaml of each tree (its own file, its own code):
 - the engine offline (loadtest/bench_engine.py of that tree: bf16, fp8, the in-run ceiling; the
@@ -26,7 +27,8 @@ GPU holds them all); its batch budget is the YAML's cap, far under its memory sh
 missing: on the GPU machine, carry it) and writes `baseline_figures` and `diff`, a row per figure
 flagged as a regression when items/s fall 3% or more, or a latency grows by 1 ms and 10% or more.
 `--quick` (engine bf16/fp8, the bf16 sweep, the sporadic rows, half load, overload) fits two
-trees in one 10-minute device call; `--fp8` adds the FP8 applications' sweeps to it.
+trees in one 10-minute device call; `--fp8` adds the FP8 applications' sweeps to it, `--lora` the
+engine's LoRA rows (about 40 s a tree).
 Writes one JSON (top-level gpu, commit, command, baseline, figures, baseline_figures, diff,
 start, details) and prints the diff table last.
 """
@@ -119,11 +121,11 @@ def baseline_tree(commit: str) -> Path:
 
 # ---- the engine, offline --------------------------------------------------------------------
 
-def engine_figures(tree: Tree, quick: bool, out_dir: Path) -> dict:
-    """bench_engine of `tree`, run from its folder on the shared model: its figures, or {}
-    where it failed or no GPU is here."""
+def engine_figures(tree: Tree, lora: bool, out_dir: Path) -> dict:
+    """bench_engine of `tree`, run from its folder on the shared model (`lora`: its LoRA rows
+    too): its figures, or {} where it failed or no GPU is here."""
     out = out_dir / f"engine_{tree.label}.json"
-    modes = "engine,fp8,deterministic" if quick else "engine,fp8,deterministic,lora"
+    modes = "engine,fp8,deterministic" + (",lora" if lora else "")
     env = os.environ | {"PYTHONPATH": os.pathsep.join(
         [str(tree.path), *filter(None, [os.environ.get("PYTHONPATH")])]), "COMMIT": tree.commit}
     started = time.monotonic()
@@ -378,7 +380,8 @@ def diff_rows(figures: dict, baseline: dict) -> list[dict]:
     return rows
 
 
-def measure(trees: list[Tree], quick: bool, fp8: bool, out_dir: Path, lone_requests_n: int,
+def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path,
+            lone_requests_n: int,
             figures: dict, details: dict, logs: Path, capacity: dict[str, float] | None,
             sweep_shares: list[float], overload_multiples: list[float],
             measured: Callable[[], object] = lambda: None) -> None:
@@ -388,7 +391,7 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, out_dir: Path, lone_reque
     measure them)."""
     for tree in trees:
         if capacity is None and gpu_name() != "unknown":
-            figures[tree.label].update(engine_figures(tree, quick, out_dir))
+            figures[tree.label].update(engine_figures(tree, lora or not quick, out_dir))
     apps = [App(t, "bf16") for t in trees] + ([App(t, "fp8") for t in trees]
                                               if fp8 or not quick else [])
     running = start(apps)
@@ -448,6 +451,7 @@ def main() -> int:
                    help="items/s the sweeps' shares refer to where the engine is not measured: "
                    "one number for bf16, or bf16=N,fp8=M")
     p.add_argument("--fp8", action="store_true", help="with --quick: the FP8 sweeps too")
+    p.add_argument("--lora", action="store_true", help="with --quick: the engine's LoRA rows")
     p.add_argument("--overload", default=",".join(f"{m:g}" for m in OVERLOAD),
                    help="multiples of the best rate for goodput past capacity (empty: none)")
     p.add_argument("--commit", help="the commit of this tree (default: $COMMIT, else git HEAD)")
@@ -494,7 +498,7 @@ def main() -> int:
     complete = False
     try:
         with tempfile.TemporaryDirectory(prefix="headline-engine-") as tmp:
-            measure(trees, args.quick, args.fp8, Path(tmp), args.lone_requests, figures,
+            measure(trees, args.quick, args.fp8, args.lora, Path(tmp), args.lone_requests, figures,
                     details, args.out.with_name(args.out.stem + "_service.log"),
                     capacities(args.capacity) if args.no_engine else None,
                     [float(x) for x in args.sweep_shares.split(",")],

@@ -42,6 +42,19 @@ def with_prefix_cache(engine):
         "tokens": 1 << 16, "min_tokens": 32, "min_query_share": 0.0}))
 
 
+def differences(got, lone, label=""):
+    """{composition: (pairs whose label log-probs differ from alone, max |Δ|)} of `got`
+    ({composition: {pair key: label log-probs}}), each printed."""
+    differ = {}
+    for name, scores in got.items():
+        assert scores.keys() == lone.keys(), name
+        deltas = [max(abs(a - b) for a, b in zip(scores[k], lone[k])) for k in lone]
+        differ[name] = (sum(d > 0 for d in deltas), max(deltas))
+        print(f"{label}{name}: {differ[name][0]} of {len(deltas)} pairs differ, max |Δ| "
+              f"{differ[name][1]:.3g}")
+    return differ
+
+
 def compositions(engine, rng, queries, items, batch_requests=6):
     """Score every pair of `items` ({(query index, item index): ids}) alone, then in each
     composition (mixed batches of 1 to `batch_requests` requests). Returns {composition:
@@ -92,13 +105,7 @@ def compositions(engine, rng, queries, items, batch_requests=6):
         "the same requests, through the prefix cache": score_requests(cached,
                                                                      [[r] for r in requests]),
     }
-    differ = {}
-    for name, scores in got.items():
-        assert scores.keys() == lone.keys(), name
-        deltas = [max(abs(a - b) for a, b in zip(scores[k], lone[k])) for k in lone]
-        differ[name] = (sum(d > 0 for d in deltas), max(deltas))
-        print(f"{name}: {differ[name][0]} of {len(deltas)} pairs differ, max |Δ| "
-              f"{differ[name][1]:.3g}")
+    differ = differences(got, lone)
     sequences = {q: sum(len(seqs) for keys, seqs in requests if keys[0][0] == q)
                  for q in range(len(queries))}
     return differ, cached.prefix_cache.stats, sequences
@@ -195,11 +202,5 @@ def test_a_score_on_an_adapter_does_not_depend_on_its_batch(qwen3_path, adapter_
         "one adapter's requests in a batch": score_requests(engine, one_each,
                                                             adapter_of=adapter_of),
     }
-    differ = {}
-    for name, scores in got.items():
-        assert scores.keys() == lone.keys(), name
-        deltas = [max(abs(a - b) for a, b in zip(scores[k], lone[k])) for k in lone]
-        differ[name] = (sum(d > 0 for d in deltas), max(deltas))
-        print(f"{precision} adapters, {name}: {differ[name][0]} of {len(deltas)} pairs differ, "
-              f"max |Δ| {differ[name][1]:.3g}")
+    differ = differences(got, lone, f"{precision} adapters, ")
     assert all(n == 0 for n, _ in differ.values()), differ

@@ -2,7 +2,8 @@
 the engine's own capacity, and each is timed from its submission to its scores.
 
 Usage: python -m loadtest.engine_load [--shares 0.25,0.5,0.75,0.9] [--seconds 8]
-       [--precision bf16|fp8] [--policies shipped,eager_behind] [--out FILE] [--commit SHA]
+       [--arrival constant|poisson] [--precision bf16|fp8] [--policies shipped,eager_behind]
+       [--token-buckets N,...] [--out FILE] [--commit SHA]
 
 The engine, its batch budget and the scheduling loop are built from configs/score-gpu.yaml the
 way a scorer replica builds them (as loadtest/bench_engine.py does), and requests go through
@@ -11,13 +12,17 @@ Ray or tokenizer here, so what it shows is the loop's and the device's share of 
 latency (the headline, loadtest/headline.py, measures the service around it). Workload: the
 bench shape (a 120-token query and 10 items of 180 tokens, fresh random ids per request).
 Capacity: items/s of a burst of every request queued at once. Then, per share, requests at
-share × capacity for --seconds (the first second not counted): latency p50/p99, the batches'
-mean tokens, and the share of batches that replayed a CUDA graph.
+share × capacity for --seconds (the first second not counted), sent at a constant interval or
+as Poisson arrivals (`--arrival`; the headline's load generator sends Poisson): latency p50/p99,
+the batches' tokens, their host launch time and launch-to-results time, and the share of
+batches that replayed a CUDA graph.
 
 Policies (how the engine is driven; the loop and engine are the shipped ones):
 - shipped: as a replica runs it (a batch that fits a CUDA graph replays it).
 - eager_behind: a batch launched while another is on the device never replays a graph (the
   rule before graphs were replayed under load).
+- sync: the shipped loop with `overlap: false` (each batch finished right after its launch).
+`--token-buckets` replaces the config's CUDA-graph token buckets (an experiment's knob).
 Prints a table; writes JSON.
 """
 
@@ -27,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -55,6 +61,7 @@ class DrivenEngine:
     def __init__(self, engine: Engine, eager_behind: bool) -> None:
         self.engine, self.eager_behind = engine, eager_behind
         self.batches = self.graph_batches = self.tokens = self.on_device = 0
+        self.launch_s: list[float] = []  # host time of each engine.launch
         graphs = engine.graphs
         if graphs is not None:
             replay = graphs.launch
@@ -75,17 +82,30 @@ class DrivenEngine:
         self.tokens += sum(s.num_tokens for s in sequences)
         eager = self.eager_behind and self.on_device > 0
         self.on_device += 1
-        return self.engine.launch(sequences, label_ids_per_sequence, eager=eager,
+        started = time.perf_counter()
+        step = self.engine.launch(sequences, label_ids_per_sequence, eager=eager,
                                   adapters=adapters)
+        self.launch_s.append(time.perf_counter() - started)
+        return step
 
     def finish(self, step: Step) -> list[list[list[float]]]:
         self.on_device -= 1
         return self.engine.finish(step)
 
 
+def send_times(rate: float, seconds: float, arrival: str) -> list[float]:
+    """Offsets (s) of the requests sent: every 1/rate s, or Poisson arrivals at `rate` (seeded)."""
+    if arrival == "constant":
+        return [k / rate for k in range(int(rate * seconds))]
+    draw, times, t = random.Random(0), [], 0.0
+    while (t := t + draw.expovariate(rate)) < seconds:
+        times.append(t)
+    return times
+
+
 async def open_loop(scheduler: Scheduler, sequences: list[PackedSequence], labels: list[int],
-                    rate: float, seconds: float) -> list[float]:
-    """Submit one request every 1/rate s for `seconds`; latency (s) of those sent after WARM_S."""
+                    offsets: list[float]) -> list[float]:
+    """Submit one request at each offset (s); latency (s) of those sent after WARM_S."""
     latencies: list[float] = []
 
     async def one(seq: PackedSequence, counted: bool) -> None:
@@ -95,11 +115,11 @@ async def open_loop(scheduler: Scheduler, sequences: list[PackedSequence], label
             latencies.append(time.perf_counter() - sent)
 
     start, tasks = time.perf_counter(), []
-    for k in range(int(rate * seconds)):
-        delay = start + k / rate - time.perf_counter()
+    for k, offset in enumerate(offsets):
+        delay = start + offset - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(sequences[k % len(sequences)], k / rate >= WARM_S)))
+        tasks.append(asyncio.create_task(one(sequences[k % len(sequences)], offset >= WARM_S)))
     await asyncio.gather(*tasks)
     return latencies
 
@@ -108,15 +128,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shares", default="0.25,0.5,0.75,0.9")
     p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--arrival", choices=("constant", "poisson"), default="constant")
     p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16")
+    p.add_argument("--token-buckets", help="CUDA-graph token buckets, replacing the config's")
     p.add_argument("--policies", default="shipped,eager_behind")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "engine_load.json")
     p.add_argument("--commit", help="the commit measured (default: $COMMIT, else git HEAD)")
     args = p.parse_args()
 
     app = shipped_app_config(CONFIG)
-    engine = Engine.from_config(app.resolved_model_path(),
-                                app.engine.model_copy(update={"precision": args.precision}))
+    engine_cfg = app.engine.model_copy(update={"precision": args.precision})
+    if args.token_buckets:
+        graphs = engine_cfg.cuda_graphs.model_copy(update={
+            "token_buckets": tuple(int(b) for b in args.token_buckets.split(","))})
+        engine_cfg = engine_cfg.model_copy(update={"cuda_graphs": graphs})
+    engine = Engine.from_config(app.resolved_model_path(), engine_cfg)
     budget = measure_budget(engine, app.scheduler.max_batch_tokens,
                             app.limits.max_seq_tokens).tokens
     workload = Workload()
@@ -133,16 +159,22 @@ def main() -> None:
     for policy in args.policies.split(","):
         for share in map(float, args.shares.split(",")):
             driven = DrivenEngine(engine, eager_behind=policy == "eager_behind")
-            scheduler = Scheduler(driven, app.scheduler, budget)
+            loop_cfg = app.scheduler.model_copy(update={"overlap": policy != "sync"})
+            scheduler = Scheduler(driven, loop_cfg, budget)
             scheduler.start()
-            latencies = asyncio.run(open_loop(scheduler, sequences, labels,
-                                              share * capacity_rps, args.seconds))
+            offsets = send_times(share * capacity_rps, args.seconds, args.arrival)
+            latencies = asyncio.run(open_loop(scheduler, sequences, labels, offsets))
             scheduler.stop()
             driven.close()
+            batches = list(scheduler.batch_log)
             rows.append({"policy": policy, "share": share, "rps": share * capacity_rps,
                          "latency_ms": summarize_ms(latencies), "batches": driven.batches,
                          "mean_batch_tokens": driven.tokens / max(driven.batches, 1),
-                         "graph_share": driven.graph_batches / max(driven.batches, 1)})
+                         "graph_share": driven.graph_batches / max(driven.batches, 1),
+                         "batch_tokens_p99": sorted(b.tokens for b in batches)[
+                             int(0.99 * (len(batches) - 1))] if batches else None,
+                         "launch_ms": summarize_ms(driven.launch_s),
+                         "batch_ms": summarize_ms(b.seconds for b in batches)})
     out = {
         "capacity_items_per_s": capacity_rps * workload.items,
         "rows": rows,
@@ -151,18 +183,23 @@ def main() -> None:
         "command": " ".join(["python -m", __spec__.name, *sys.argv[1:]]),
         "workload": {"query_len": workload.query_len, "items": workload.items,
                      "item_len": workload.item_len, "seed": 0, "precision": args.precision,
-                     "batch_token_budget": budget, "seconds": args.seconds},
+                     "batch_token_budget": budget, "seconds": args.seconds,
+                     "arrival": args.arrival,
+                     "token_buckets": list(engine_cfg.cuda_graphs.token_buckets)},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     print(f"capacity {out['capacity_items_per_s']:.0f} items/s ({args.precision}, "
           f"{out['gpu']})")
     print(f"{'policy':14s} {'share':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'batches':>8s} "
-          f"{'tokens':>8s} {'graphs':>7s}")
+          f"{'tokens':>8s} {'tok p99':>8s} {'graphs':>7s} {'launch p50/p99':>15s} "
+          f"{'batch p50/p99':>14s}")
     for r in rows:
         print(f"{r['policy']:14s} {r['share']:6.2f} {r['latency_ms']['p50']:8.1f} "
               f"{r['latency_ms']['p99']:8.1f} {r['batches']:8d} {r['mean_batch_tokens']:8.0f} "
-              f"{r['graph_share']:7.1%}")
+              f"{r['batch_tokens_p99'] or 0:8d} {r['graph_share']:7.1%} "
+              f"{r['launch_ms']['p50']:7.1f}/{r['launch_ms']['p99']:<7.1f} "
+              f"{r['batch_ms']['p50']:6.1f}/{r['batch_ms']['p99']:<7.1f}")
 
 
 if __name__ == "__main__":

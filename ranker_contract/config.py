@@ -69,8 +69,10 @@ class CudaGraphsConfig(_Settings):
     enabled: bool = Field(False, description="replay captured forwards for batches up to the "
                           "largest bucket (device cuda)")
     token_buckets: tuple[int, ...] = Field(
-        (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096),
-        description="batch token sizes captured; larger batches run eagerly")
+        (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192,
+         10240, 12288, 14336, 16384),
+        description="batch token sizes captured (each at most 25% over the one below: a batch "
+        "is padded up to the next); larger batches run eagerly")
 
     @model_validator(mode="after")
     def _positive(self) -> CudaGraphsConfig:

@@ -63,6 +63,8 @@ def graph_batches(rng):
         "plain and multi-item": [pack_plain(ids(rng, 77), 0)] + request(50, [60, 60]),
         # 250 items each reading a 1,000-token query: the most page indices per token
         "long query, 250 one-token items": request(1000, [1] * 250),
+        # 15,448 tokens: the largest default bucket (16,384), which batches under load replay
+        "eight bench requests": [s for _ in range(8) for s in request(120, [180] * 10)],
     }
 
 

@@ -64,8 +64,9 @@ def test_padding_never_changes_a_score(graph_engine):
 
 def test_batches_past_the_largest_bucket_run_eagerly(fast_engine, graph_engine):
     rng = random.Random(13)
-    big = [pack_multi_item(ids(rng, 120), [ids(rng, 180)] * 30, 0)]  # 5,551 tokens
-    assert graph_engine.graphs.pick(big, 30, 60) is None
+    big = [pack_multi_item(ids(rng, 120), [ids(rng, 180)] * 100, 0)]  # 18,221 tokens
+    assert big[0].num_tokens > max(g.tokens for g in graph_engine.graphs.graphs)
+    assert graph_engine.graphs.pick(big, 100, 200) is None
     lp, p = worst_difference(run_batch(graph_engine, big), run_batch(fast_engine, big))
     assert lp == 0.0 and p == 0.0  # the same eager kernels
 

@@ -19,7 +19,11 @@ What it measures, on the shipped configs/score-gpu.yaml of each tree (its own fi
   - goodput past capacity, this tree only (a device call's time): the items/s answered at
     OVERLOAD multiples of the sweep's best rate, each ÷ the items/s at that rate
     (tools/loadgen.py::run_overload);
-  - full set only: rerank at Cohere's limits (10,000 × 64 and 100 × 8,000 words).
+  - full set only: rerank at Cohere's limits (10,000 × 64 and 100 × 8,000 words);
+  - with LoRA (`--lora` or the full set): an application per tree serving one rank-16 peft
+    adapter of all seven projections (written here with peft), and on it a sporadic lone
+    request of the bench shape with the adapter and without, A B A B: `lora_lone_delta_ms` is
+    the p50 with it less the p50 without.
 Each tree's scorer gets 1/N of the GPU's share (`num_gpus`) and one replica (no autoscaling: one
 GPU holds them all); its batch budget is the YAML's cap, far under its memory share.
 
@@ -28,7 +32,7 @@ missing: on the GPU machine, carry it) and writes `baseline_figures` and `diff`,
 flagged as a regression when items/s fall 3% or more, or a latency grows by 1 ms and 10% or more.
 `--quick` (engine bf16/fp8, the bf16 sweep, the sporadic rows, half load, overload) fits two
 trees in one 10-minute device call; `--fp8` adds the FP8 applications' sweeps to it, `--lora` the
-engine's LoRA rows (about 40 s a tree).
+engine's LoRA rows (about 40 s a tree) and the adapter applications' lone requests.
 Writes one JSON (top-level gpu, commit, command, baseline, figures, baseline_figures, diff,
 start, details) and prints the diff table last.
 """
@@ -66,6 +70,8 @@ RESULT = REPO_ROOT / "docs" / "results" / "headline" / "headline.json"
 VOCAB = 151643  # the Qwen3 tokenizer's: text words and token ids both fit it
 BENCH = dict(query_len=120, items=10, item_len=180)
 LONE_ITEM_TOKENS = 180
+ADAPTER = "headline-lora"  # the name requests give the adapter application's adapter
+ADAPTER_RANK = 16
 P99_BOUND_MS = 500.0
 SWEEP_SHARES = (0.85, 0.92, 0.97, 1.02)  # of the tree's engine rate
 OVERLOAD = (1.2, 1.5, 3.0)  # multiples of the sweep's best rate
@@ -75,6 +81,7 @@ START_TIMEOUT_S = 300
 FIGURES = {
     "engine_bf16_items_per_s": True, "engine_fp8_items_per_s": True,
     "ceiling_items_per_s": True, "lora_1_adapter_ratio": True, "lora_16_mixed_ratio": True,
+    "lora_lone_delta_ms": False,
     "http_text_bf16_items_per_s": True, "http_text_fp8_items_per_s": True,
     "first_refusal_share_bf16": True, "first_refusal_share_fp8": True,
     "sporadic_lone_1item_p50_ms": False, "sporadic_lone_1item_p99_ms": False,
@@ -102,9 +109,12 @@ class Tree:
 class App:
     tree: Tree
     precision: str  # "bf16" or "fp8"
+    adapter: Path | None = None  # a peft folder served as ADAPTER (bf16 only)
 
     @property
     def name(self) -> str:
+        if self.adapter is not None:
+            return f"{self.tree.label}-lora"
         return self.tree.label if self.precision == "bf16" else f"{self.tree.label}-fp8"
 
 
@@ -174,6 +184,8 @@ def combined_config(apps: list[App], port: int) -> dict:
         entry["args"]["served_model_name"] = MODEL.name
         if app.precision != "bf16":
             entry["args"]["engine"]["precision"] = app.precision
+        if app.adapter is not None:
+            entry["args"]["adapters"] = [{"name": ADAPTER, "path": str(app.adapter)}]
         # Its replicas import its own code: `serve run` starts outside every tree (start()).
         entry.setdefault("runtime_env", {})["working_dir"] = f"local://{app.tree.path}"
         for dep in entry["deployments"]:
@@ -290,6 +302,51 @@ async def lone_requests(url: str, apps: list[App], items: int, requests: int) ->
     return {a.name: r for a, r in zip(apps, results)}
 
 
+def write_adapter(folder: Path) -> Path:
+    """A random rank-ADAPTER_RANK peft adapter of every decoder projection of MODEL (peft's own
+    save_pretrained): what a LoRA request costs does not depend on its values."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(MODEL), LoraConfig(
+        r=ADAPTER_RANK, lora_alpha=2 * ADAPTER_RANK, init_lora_weights=False,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj"]))
+    model.save_pretrained(folder)
+    return folder
+
+
+async def lone_adapter_requests(url: str, apps: list[App], requests: int) -> dict:
+    """On each adapter application, a lone bench request without the adapter and with it,
+    A B A B (and tree after tree): {app name: {"base": result, "adapter": result}}."""
+    plain = text_workload(**BENCH)
+    named = text_workload(**BENCH, model=ADAPTER)
+    urls = [f"{url}/{a.name}" for a in apps for _ in range(2)]
+    async with make_session() as session:
+        results = await run_sporadic(session, urls, [plain, named] * len(apps),
+                                     rate=2.0 * len(urls), requests=requests, progress=False,
+                                     seed="lone-lora")
+    out = {}
+    for k, app in enumerate(apps):
+        base, adapter = results[2 * k], results[2 * k + 1]
+        out[app.name] = {"base": base, "adapter": adapter}
+        print(f"[{app.name}] sporadic {BENCH['items']} items, without / with the adapter: p50 "
+              f"{base['latency_ms']['p50']} / {adapter['latency_ms']['p50']} ms, failed "
+              f"{base['failed']} / {adapter['failed']}", flush=True)
+    return out
+
+
+def adapter_delta_ms(result: dict) -> float | None:
+    """p50 with the adapter less p50 without, where both were measured and none failed."""
+    base, adapter = result["base"], result["adapter"]
+    if base["failed"] or adapter["failed"] or None in (base["latency_ms"]["p50"],
+                                                       adapter["latency_ms"]["p50"]):
+        return None
+    return round(adapter["latency_ms"]["p50"] - base["latency_ms"]["p50"], 3)
+
+
 async def sweep(url: str, app: App, capacity_items_per_s: float, shares: list[float],
                 seconds: float) -> dict:
     workload = text_workload(**BENCH)
@@ -394,6 +451,9 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
             figures[tree.label].update(engine_figures(tree, lora or not quick, out_dir))
     apps = [App(t, "bf16") for t in trees] + ([App(t, "fp8") for t in trees]
                                               if fp8 or not quick else [])
+    if lora or not quick:
+        adapter = write_adapter(out_dir / "adapter")
+        apps += [App(t, "bf16", adapter) for t in trees]
     running = start(apps)
     print(f"healthy after (s): {running.healthy_s}", flush=True)
     apps = [a for a in apps if a.name in running.healthy_s]
@@ -401,6 +461,8 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
         for tree in trees:
             figures[tree.label]["service_start_s"] = running.healthy_s.get(tree.label)
             details[tree.label]["start"] = start_breakdown([a for a in apps if a.tree is tree])
+        lora_apps = [a for a in apps if a.adapter is not None]
+        apps = [a for a in apps if a.adapter is None]  # the sweeps' applications
         bf16 = [a for a in apps if a.precision == "bf16"]
         for items in (1, 10):
             lone = asyncio.run(lone_requests(running.url, bf16, items, lone_requests_n))
@@ -410,6 +472,13 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
                 key = f"sporadic_lone_{items}item"
                 figures[app.tree.label][f"{key}_p50_ms"] = res["latency_ms"]["p50"]
                 figures[app.tree.label][f"{key}_p99_ms"] = res["latency_ms"]["p99"]
+        if lora_apps:
+            with_adapter = asyncio.run(lone_adapter_requests(running.url, lora_apps,
+                                                             lone_requests_n))
+            for app in lora_apps:
+                details[app.tree.label]["sporadic_lora"] = with_adapter[app.name]
+                figures[app.tree.label]["lora_lone_delta_ms"] = adapter_delta_ms(
+                    with_adapter[app.name])
         for app in apps:
             label, figs = app.tree.label, figures[app.tree.label]
             engine = (figs[f"engine_{app.precision}_items_per_s"]

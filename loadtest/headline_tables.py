@@ -27,6 +27,8 @@ LABELS = {
     "ceiling_items_per_s": ("compute ceiling of the bench shape, measured in the run", "items/s"),
     "lora_1_adapter_ratio": ("LoRA: 1 adapter on every request ÷ the base engine", "ratio"),
     "lora_16_mixed_ratio": ("LoRA: 16 adapters mixed ÷ the base engine", "ratio"),
+    "lora_lone_delta_ms": ("LoRA: a lone request on an idle service, 10 items, with an adapter "
+                           "− without (p50)", "ms"),
     "http_text_bf16_items_per_s": ("HTTP, text, bf16: highest rate with P99 ≤ 500 ms and 0 "
                                    "failures", "items/s"),
     "http_text_fp8_items_per_s": ("HTTP, text, FP8: the same", "items/s"),

@@ -274,19 +274,26 @@ async def run_single(session: aiohttp.ClientSession, base_url: str, workload: Wo
 
 
 async def run_sporadic(session: aiohttp.ClientSession, base_urls: list[str],
-                       workload: Workload, *, rate: float = 2.0, requests: int = 60,
-                       warmup_requests: int = 3, timeout_s: float = 30.0, seed: int | str = 0,
-                       progress: bool = True) -> list[dict]:
+                       workload: Workload | list[Workload], *, rate: float = 2.0,
+                       requests: int = 60, warmup_requests: int = 3, timeout_s: float = 30.0,
+                       seed: int | str = 0, progress: bool = True) -> list[dict]:
     """A lone request as a user sees it: `requests` (+ `warmup_requests` unmeasured) sent at a
     constant `rate`, each at its time whatever the state of the last one, cycling over
     `base_urls` (two services: A B A B, so drift hits both alike). One result per URL.
+    `workload`: one for every URL, or a list, one per URL (the same service twice, with an
+    adapter and without: each list entry draws the same texts, seeded alike).
 
     `single` sends back to back, so the service never idles; here each request records how long
     the service had been idle before it (`idle_before_ms`: since the last answer, of any URL).
     A request sent while another was unanswered counts as busy: its latency goes to
     `busy_latency_ms`, not to `latency_ms`, which holds only requests that found it idle."""
-    urls = [u.rstrip("/") + workload.path for u in base_urls]
-    factory = RequestFactory(workload, seed)
+    workloads = workload if isinstance(workload, list) else [workload] * len(base_urls)
+    if len(workloads) != len(base_urls):
+        raise ValueError(f"{len(workloads)} workloads for {len(base_urls)} URLs")
+    urls = [u.rstrip("/") + w.path for u, w in zip(base_urls, workloads)]
+    # one factory per workload given; one shared by every URL otherwise (each URL its own texts)
+    factories = ([RequestFactory(w, seed) for w in workloads] if isinstance(workload, list)
+                 else [RequestFactory(workload, seed)] * len(base_urls))
     loop = asyncio.get_running_loop()
     inflight, last_done = 0, loop.time()
     seen: list[list[tuple[str, float, float | None, dict | None]]] = [[] for _ in urls]
@@ -296,8 +303,9 @@ async def run_sporadic(session: aiohttp.ClientSession, base_urls: list[str],
         idle_before = None if inflight else loop.time() - last_done
         inflight += 1
         start = time.perf_counter()
-        kind, stages = await send_one(session, urls[k % len(urls)], body, workload.items,
-                                      timeout_s, workload.result_key)
+        w = workloads[k % len(urls)]
+        kind, stages = await send_one(session, urls[k % len(urls)], body, w.items, timeout_s,
+                                      w.result_key)
         elapsed = time.perf_counter() - start
         inflight -= 1
         last_done = loop.time()
@@ -308,7 +316,7 @@ async def run_sporadic(session: aiohttp.ClientSession, base_urls: list[str],
     t0, tasks = loop.time(), []
     for k in tqdm(range(total), desc=f"sporadic {rate:g} req/s", unit="req",
                   disable=not progress, leave=False, dynamic_ncols=True):
-        body = factory.next_bytes()  # made before its send time, not inside the measurement
+        body = factories[k % len(urls)].next_bytes()  # made before its send time
         await asyncio.sleep(max(0.0, t0 + k / rate - loop.time()))
         tasks.append(asyncio.create_task(one(k, body)))
     await asyncio.gather(*tasks)

@@ -78,3 +78,23 @@ def test_every_tree_is_served_from_its_own_code_under_its_own_prefix(tmp_path):
         worker = next(d for d in entry["deployments"] if d["name"] == "ScoreWorker")
         assert worker["ray_actor_options"]["num_gpus"] == pytest.approx(1 / 3)  # one GPU
         assert worker["num_replicas"] == 1 and "autoscaling_config" not in worker
+
+
+def test_an_adapter_application_serves_one_adapter_beside_the_plain_one(tmp_path):
+    tree = Tree("head", headline.REPO_ROOT, "a")
+    apps = [App(tree, "bf16"), App(tree, "bf16", tmp_path / "adapter")]
+    entries = {e["name"]: e for e in combined_config(apps, port=18000)["applications"]}
+    assert set(entries) == {"head", "head-lora"}
+    assert "adapters" not in entries["head"]["args"]
+    assert entries["head-lora"]["args"]["adapters"] == [
+        {"name": headline.ADAPTER, "path": str(tmp_path / "adapter")}]
+    assert entries["head-lora"]["route_prefix"] == "/head-lora"
+
+
+def test_the_adapter_delta_needs_both_sides_measured():
+    def side(p50, failed=0):
+        return {"latency_ms": {"p50": p50}, "failed": failed}
+
+    assert headline.adapter_delta_ms({"base": side(10.0), "adapter": side(11.25)}) == 1.25
+    assert headline.adapter_delta_ms({"base": side(10.0), "adapter": side(11.0, 1)}) is None
+    assert headline.adapter_delta_ms({"base": side(None), "adapter": side(11.0)}) is None

@@ -350,6 +350,22 @@ def test_sporadic_sends_to_each_url_in_turn(server_url):
     assert all(r["idle"] + r["busy"] == 2 and r["failed"] == 0 for r in results)
 
 
+def test_sporadic_sends_each_url_its_own_workload(server_url):
+    """A list of workloads, one per URL (the headline's requests with an adapter and without):
+    each URL's bodies and expected item counts are its own (a mismatch is a bad response)."""
+    async def two():
+        async with make_session() as session:
+            return await loadgen.run_sporadic(
+                session, [server_url, server_url],
+                [Workload(16, 3, 8, (10539, 5230), 49152), Workload(16, 2, 8, (10539, 5230),
+                                                                    49152)],
+                rate=2, requests=2, warmup_requests=0, progress=False)
+
+    results = asyncio.run(two())
+    assert [r["idle"] + r["busy"] for r in results] == [2, 2]
+    assert [r["failed"] for r in results] == [0, 0]
+
+
 def test_single_smoke_with_text(server_url, tmp_path):
     doc = loadgen.main(["single", "--url", server_url, "--requests", "3", "--warmup-requests",
                         "0", "--text", "natural", "--out", str(tmp_path / "single.json"), *SMOL])

@@ -1,8 +1,8 @@
 """The headline run: every figure the README claims, measured on today's code on one GPU machine,
 optionally A/B against another commit in the same run (docs/BENCHMARKS.md, "Headline").
 
-  python -m loadtest.headline [--quick [--fp8] [--lora]] [--baseline COMMIT] [--commit SHA]
-                              [--out PATH]
+  python -m loadtest.headline [--quick [--fp8] [--lora] [--idle-cost]] [--baseline COMMIT]
+                              [--commit SHA] [--out PATH]
 
 What it measures, on the shipped configs/score-gpu.yaml of each tree (its own file, its own code):
 - the engine offline (loadtest/bench_engine.py of that tree: bf16, fp8, the in-run ceiling; the
@@ -23,7 +23,11 @@ What it measures, on the shipped configs/score-gpu.yaml of each tree (its own fi
   - with LoRA (`--lora` or the full set): an application per tree serving one rank-16 peft
     adapter of all seven projections (written here with peft), and on it a sporadic lone
     request of the bench shape with the adapter and without, A B A B: `lora_lone_delta_ms` is
-    the p50 with it less the p50 without.
+    the p50 with it less the p50 without;
+  - load control's idle cost (`--idle-cost` or the full set): an application per tree with
+    `scheduler.max_queue_wait_s: 0` (nothing refused, so nothing shed), and a sporadic lone
+    1-item request on the shipped application and on that one, A B A B:
+    `load_control_idle_cost_ms` is the p50 with load control less the p50 without.
 Each tree's scorer gets 1/N of the GPU's share (`num_gpus`) and one replica (no autoscaling: one
 GPU holds them all); its batch budget is the YAML's cap, far under its memory share.
 
@@ -32,7 +36,8 @@ missing: on the GPU machine, carry it) and writes `baseline_figures` and `diff`,
 flagged as a regression when items/s fall 3% or more, or a latency grows by 1 ms and 10% or more.
 `--quick` (engine bf16/fp8, the bf16 sweep, the sporadic rows, half load, overload) fits two
 trees in one 10-minute device call; `--fp8` adds the FP8 applications' sweeps to it, `--lora` the
-engine's LoRA rows (about 40 s a tree) and the adapter applications' lone requests.
+engine's LoRA rows (about 40 s a tree) and the adapter applications' lone requests,
+`--idle-cost` the applications without load control.
 Writes one JSON (top-level gpu, commit, command, baseline, figures, baseline_figures, diff,
 start, details) and prints the diff table last.
 """
@@ -110,11 +115,14 @@ class App:
     tree: Tree
     precision: str  # "bf16" or "fp8"
     adapter: Path | None = None  # a peft folder served as ADAPTER (bf16 only)
+    load_control: bool = True  # False: scheduler.max_queue_wait_s 0 (bf16 only)
 
     @property
     def name(self) -> str:
         if self.adapter is not None:
             return f"{self.tree.label}-lora"
+        if not self.load_control:
+            return f"{self.tree.label}-nolc"
         return self.tree.label if self.precision == "bf16" else f"{self.tree.label}-fp8"
 
 
@@ -186,6 +194,8 @@ def combined_config(apps: list[App], port: int) -> dict:
             entry["args"]["engine"]["precision"] = app.precision
         if app.adapter is not None:
             entry["args"]["adapters"] = [{"name": ADAPTER, "path": str(app.adapter)}]
+        if not app.load_control:
+            entry["args"].setdefault("scheduler", {})["max_queue_wait_s"] = 0
         # Its replicas import its own code: `serve run` starts outside every tree (start()).
         entry.setdefault("runtime_env", {})["working_dir"] = f"local://{app.tree.path}"
         for dep in entry["deployments"]:
@@ -320,7 +330,7 @@ def write_adapter(folder: Path) -> Path:
 
 async def lone_adapter_requests(url: str, apps: list[App], requests: int) -> dict:
     """On each adapter application, a lone bench request without the adapter and with it,
-    A B A B (and tree after tree): {app name: {"base": result, "adapter": result}}."""
+    A B A B (and tree after tree): {app name: {"without": result, "with": result}}."""
     plain = text_workload(**BENCH)
     named = text_workload(**BENCH, model=ADAPTER)
     urls = [f"{url}/{a.name}" for a in apps for _ in range(2)]
@@ -331,20 +341,37 @@ async def lone_adapter_requests(url: str, apps: list[App], requests: int) -> dic
     out = {}
     for k, app in enumerate(apps):
         base, adapter = results[2 * k], results[2 * k + 1]
-        out[app.name] = {"base": base, "adapter": adapter}
+        out[app.name] = {"without": base, "with": adapter}
         print(f"[{app.name}] sporadic {BENCH['items']} items, without / with the adapter: p50 "
               f"{base['latency_ms']['p50']} / {adapter['latency_ms']['p50']} ms, failed "
               f"{base['failed']} / {adapter['failed']}", flush=True)
     return out
 
 
-def adapter_delta_ms(result: dict) -> float | None:
-    """p50 with the adapter less p50 without, where both were measured and none failed."""
-    base, adapter = result["base"], result["adapter"]
-    if base["failed"] or adapter["failed"] or None in (base["latency_ms"]["p50"],
-                                                       adapter["latency_ms"]["p50"]):
+async def lone_load_control_requests(url: str, apps: list[App], requests: int) -> dict:
+    """A lone 1-item request on each tree's shipped application and on the same without load
+    control (`apps`), A B A B: {app name: {"without": result, "with": result}}."""
+    workload = text_workload(query_len=BENCH["query_len"], items=1, item_len=LONE_ITEM_TOKENS)
+    urls = [f"{url}/{name}" for a in apps for name in (a.name, a.tree.label)]
+    async with make_session() as session:
+        results = await run_sporadic(session, urls, workload, rate=2.0 * len(urls),
+                                     requests=requests, progress=False, seed="lone-lc")
+    out = {}
+    for k, app in enumerate(apps):
+        off, on = results[2 * k], results[2 * k + 1]
+        out[app.name] = {"without": off, "with": on}
+        print(f"[{app.tree.label}] sporadic 1 item, load control off / on: p50 "
+              f"{off['latency_ms']['p50']} / {on['latency_ms']['p50']} ms", flush=True)
+    return out
+
+
+def delta_ms(result: dict) -> float | None:
+    """p50 with the feature less p50 without, where both were measured and none failed."""
+    without, with_ = result["without"], result["with"]
+    if without["failed"] or with_["failed"] or None in (without["latency_ms"]["p50"],
+                                                        with_["latency_ms"]["p50"]):
         return None
-    return round(adapter["latency_ms"]["p50"] - base["latency_ms"]["p50"], 3)
+    return round(with_["latency_ms"]["p50"] - without["latency_ms"]["p50"], 3)
 
 
 async def sweep(url: str, app: App, capacity_items_per_s: float, shares: list[float],
@@ -441,7 +468,7 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
             lone_requests_n: int,
             figures: dict, details: dict, logs: Path, capacity: dict[str, float] | None,
             sweep_shares: list[float], overload_multiples: list[float],
-            measured: Callable[[], object] = lambda: None) -> None:
+            measured: Callable[[], object] = lambda: None, idle_cost: bool = False) -> None:
     """Every figure of every tree into `figures` ({label: {figure: value}}), the details behind
     them into `details`, as they come (a run cut short keeps what it measured). `capacity`:
     per precision, the items/s the sweeps refer to where the engine rows are skipped (None:
@@ -454,6 +481,8 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
     if lora or not quick:
         adapter = write_adapter(out_dir / "adapter")
         apps += [App(t, "bf16", adapter) for t in trees]
+    if idle_cost or not quick:
+        apps += [App(t, "bf16", load_control=False) for t in trees]
     running = start(apps)
     print(f"healthy after (s): {running.healthy_s}", flush=True)
     apps = [a for a in apps if a.name in running.healthy_s]
@@ -462,7 +491,8 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
             figures[tree.label]["service_start_s"] = running.healthy_s.get(tree.label)
             details[tree.label]["start"] = start_breakdown([a for a in apps if a.tree is tree])
         lora_apps = [a for a in apps if a.adapter is not None]
-        apps = [a for a in apps if a.adapter is None]  # the sweeps' applications
+        no_control = [a for a in apps if not a.load_control]
+        apps = [a for a in apps if a.adapter is None and a.load_control]  # the sweeps' ones
         bf16 = [a for a in apps if a.precision == "bf16"]
         for items in (1, 10):
             lone = asyncio.run(lone_requests(running.url, bf16, items, lone_requests_n))
@@ -477,8 +507,15 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
                                                              lone_requests_n))
             for app in lora_apps:
                 details[app.tree.label]["sporadic_lora"] = with_adapter[app.name]
-                figures[app.tree.label]["lora_lone_delta_ms"] = adapter_delta_ms(
+                figures[app.tree.label]["lora_lone_delta_ms"] = delta_ms(
                     with_adapter[app.name])
+        if no_control:
+            on_off = asyncio.run(lone_load_control_requests(running.url, no_control,
+                                                            lone_requests_n))
+            for app in no_control:
+                details[app.tree.label]["sporadic_load_control"] = on_off[app.name]
+                figures[app.tree.label]["load_control_idle_cost_ms"] = delta_ms(
+                    on_off[app.name])
         for app in apps:
             label, figs = app.tree.label, figures[app.tree.label]
             engine = (figs[f"engine_{app.precision}_items_per_s"]
@@ -520,7 +557,10 @@ def main() -> int:
                    help="items/s the sweeps' shares refer to where the engine is not measured: "
                    "one number for bf16, or bf16=N,fp8=M")
     p.add_argument("--fp8", action="store_true", help="with --quick: the FP8 sweeps too")
-    p.add_argument("--lora", action="store_true", help="with --quick: the engine's LoRA rows")
+    p.add_argument("--lora", action="store_true", help="with --quick: the LoRA rows (engine, "
+                   "and a lone request with an adapter over HTTP)")
+    p.add_argument("--idle-cost", action="store_true", help="with --quick: load control's cost "
+                   "to a lone request (an application without it)")
     p.add_argument("--overload", default=",".join(f"{m:g}" for m in OVERLOAD),
                    help="multiples of the best rate for goodput past capacity (empty: none)")
     p.add_argument("--commit", help="the commit of this tree (default: $COMMIT, else git HEAD)")
@@ -572,7 +612,7 @@ def main() -> int:
                     capacities(args.capacity) if args.no_engine else None,
                     [float(x) for x in args.sweep_shares.split(",")],
                     [float(x) for x in args.overload.split(",") if x],
-                    measured=lambda: write(False))
+                    measured=lambda: write(False), idle_cost=args.idle_cost)
         complete = True
     finally:  # what was measured is written, also when a step failed
         doc = write(complete)

@@ -91,10 +91,21 @@ def test_an_adapter_application_serves_one_adapter_beside_the_plain_one(tmp_path
     assert entries["head-lora"]["route_prefix"] == "/head-lora"
 
 
-def test_the_adapter_delta_needs_both_sides_measured():
+def test_a_lone_request_delta_needs_both_sides_measured():
     def side(p50, failed=0):
         return {"latency_ms": {"p50": p50}, "failed": failed}
 
-    assert headline.adapter_delta_ms({"base": side(10.0), "adapter": side(11.25)}) == 1.25
-    assert headline.adapter_delta_ms({"base": side(10.0), "adapter": side(11.0, 1)}) is None
-    assert headline.adapter_delta_ms({"base": side(None), "adapter": side(11.0)}) is None
+    assert headline.delta_ms({"without": side(10.0), "with": side(11.25)}) == 1.25
+    assert headline.delta_ms({"without": side(10.0), "with": side(9.5)}) == -0.5
+    assert headline.delta_ms({"without": side(10.0), "with": side(11.0, 1)}) is None
+    assert headline.delta_ms({"without": side(None), "with": side(11.0)}) is None
+
+
+def test_an_application_without_load_control_refuses_nothing():
+    tree = Tree("head", headline.REPO_ROOT, "a")
+    apps = [App(tree, "bf16"), App(tree, "bf16", load_control=False)]
+    entries = {e["name"]: e for e in combined_config(apps, port=18000)["applications"]}
+    assert set(entries) == {"head", "head-nolc"}
+    assert entries["head-nolc"]["args"]["scheduler"]["max_queue_wait_s"] == 0
+    shipped = entries["head"]["args"]["scheduler"]["max_queue_wait_s"]
+    assert shipped > 0  # the shipped config bounds the queue; the other app does not

@@ -6,7 +6,8 @@ optionally A/B against another commit in the same run (docs/BENCHMARKS.md, "Head
 
 What it measures, on the shipped configs/score-gpu.yaml of each tree (its own file, its own code):
 - the engine offline (loadtest/bench_engine.py of that tree: bf16, fp8, the in-run ceiling; the
-  full set adds LoRA: 1 adapter and 16 mixed ÷ the base engine);
+  full set adds LoRA: 1 adapter and 16 mixed ÷ the base engine, and the prefix cache on ÷ off
+  on the `profile` workload, loadtest/bench_prefix.py's engine mode);
 - over HTTP, every tree served at once from one Ray cluster on the same GPU, each application
   under its own route prefix (/head, /base; the full set adds an FP8 application per tree):
   - a sporadic lone request (tools/loadgen.py::run_sporadic: constant 2 req/s per tree, sent
@@ -138,6 +139,25 @@ def baseline_tree(commit: str) -> Path:
 
 
 # ---- the engine, offline --------------------------------------------------------------------
+
+def prefix_figure(tree: Tree, out_dir: Path) -> dict:
+    """bench_prefix's engine mode of `tree` on the `profile` workload (eager batches of 8, as
+    docs/BENCHMARKS.md's "Prefix cache" measures it): {"prefix_profile_ratio": on ÷ off}, or {}
+    where it failed."""
+    out = out_dir / f"prefix_{tree.label}"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(
+        [str(tree.path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    run = subprocess.run([sys.executable, "-m", "loadtest.bench_prefix", "engine", "--config",
+                          Path(CONFIG).name, "--requests", "64", "--batch", "8", "--workloads",
+                          "profile", "--commit", tree.commit, "--out-dir", str(out)],
+                         cwd=tree.path, env=env, capture_output=True, text=True)
+    result = out / "prefix_engine.json"
+    print(f"[{tree.label}] bench_prefix engine: rc {run.returncode}", flush=True)
+    if run.returncode != 0 or not result.is_file():
+        print(run.stdout[-1500:], run.stderr[-3000:], sep="\n")
+        return {}
+    return {"prefix_profile_ratio": json.loads(result.read_text())[0]["on_over_off"]}
+
 
 def engine_figures(tree: Tree, lora: bool, out_dir: Path) -> dict:
     """bench_engine of `tree`, run from its folder on the shared model (`lora`: its LoRA rows
@@ -476,6 +496,8 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
     for tree in trees:
         if capacity is None and gpu_name() != "unknown":
             figures[tree.label].update(engine_figures(tree, lora or not quick, out_dir))
+            if not quick:
+                figures[tree.label].update(prefix_figure(tree, out_dir))
     apps = [App(t, "bf16") for t in trees] + ([App(t, "fp8") for t in trees]
                                               if fp8 or not quick else [])
     if lora or not quick:

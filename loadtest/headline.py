@@ -348,40 +348,24 @@ def write_adapter(folder: Path) -> Path:
     return folder
 
 
-async def lone_adapter_requests(url: str, apps: list[App], requests: int) -> dict:
-    """On each adapter application, a lone bench request without the adapter and with it,
-    A B A B (and tree after tree): {app name: {"without": result, "with": result}}."""
-    plain = text_workload(**BENCH)
-    named = text_workload(**BENCH, model=ADAPTER)
-    urls = [f"{url}/{a.name}" for a in apps for _ in range(2)]
+async def lone_pairs(url: str, pairs: dict[str, tuple[tuple[str, Workload], ...]],
+                     requests: int, seed: str) -> dict:
+    """A lone request on both sides of each pair, without a feature and with it (each side an
+    application name and its workload), A B A B, pair after pair: {pair key: {"without":
+    result, "with": result}}."""
+    sides = [side for pair in pairs.values() for side in pair]
     async with make_session() as session:
-        results = await run_sporadic(session, urls, [plain, named] * len(apps),
-                                     rate=2.0 * len(urls), requests=requests, progress=False,
-                                     seed="lone-lora")
+        results = await run_sporadic(session, [f"{url}/{name}" for name, _ in sides],
+                                     [workload for _, workload in sides],
+                                     rate=2.0 * len(sides), requests=requests, progress=False,
+                                     seed=seed)
     out = {}
-    for k, app in enumerate(apps):
-        base, adapter = results[2 * k], results[2 * k + 1]
-        out[app.name] = {"without": base, "with": adapter}
-        print(f"[{app.name}] sporadic {BENCH['items']} items, without / with the adapter: p50 "
-              f"{base['latency_ms']['p50']} / {adapter['latency_ms']['p50']} ms, failed "
-              f"{base['failed']} / {adapter['failed']}", flush=True)
-    return out
-
-
-async def lone_load_control_requests(url: str, apps: list[App], requests: int) -> dict:
-    """A lone 1-item request on each tree's shipped application and on the same without load
-    control (`apps`), A B A B: {app name: {"without": result, "with": result}}."""
-    workload = text_workload(query_len=BENCH["query_len"], items=1, item_len=LONE_ITEM_TOKENS)
-    urls = [f"{url}/{name}" for a in apps for name in (a.name, a.tree.label)]
-    async with make_session() as session:
-        results = await run_sporadic(session, urls, workload, rate=2.0 * len(urls),
-                                     requests=requests, progress=False, seed="lone-lc")
-    out = {}
-    for k, app in enumerate(apps):
-        off, on = results[2 * k], results[2 * k + 1]
-        out[app.name] = {"without": off, "with": on}
-        print(f"[{app.tree.label}] sporadic 1 item, load control off / on: p50 "
-              f"{off['latency_ms']['p50']} / {on['latency_ms']['p50']} ms", flush=True)
+    for k, key in enumerate(pairs):
+        without, with_ = results[2 * k], results[2 * k + 1]
+        out[key] = {"without": without, "with": with_}
+        print(f"[{key}] {seed}, without / with: p50 {without['latency_ms']['p50']} / "
+              f"{with_['latency_ms']['p50']} ms, failed {without['failed']} / "
+              f"{with_['failed']}", flush=True)
     return out
 
 
@@ -524,20 +508,21 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
                 key = f"sporadic_lone_{items}item"
                 figures[app.tree.label][f"{key}_p50_ms"] = res["latency_ms"]["p50"]
                 figures[app.tree.label][f"{key}_p99_ms"] = res["latency_ms"]["p99"]
-        if lora_apps:
-            with_adapter = asyncio.run(lone_adapter_requests(running.url, lora_apps,
-                                                             lone_requests_n))
-            for app in lora_apps:
-                details[app.tree.label]["sporadic_lora"] = with_adapter[app.name]
-                figures[app.tree.label]["lora_lone_delta_ms"] = delta_ms(
-                    with_adapter[app.name])
-        if no_control:
-            on_off = asyncio.run(lone_load_control_requests(running.url, no_control,
-                                                            lone_requests_n))
-            for app in no_control:
-                details[app.tree.label]["sporadic_load_control"] = on_off[app.name]
-                figures[app.tree.label]["load_control_idle_cost_ms"] = delta_ms(
-                    on_off[app.name])
+        bench = text_workload(**BENCH)
+        lone = text_workload(query_len=BENCH["query_len"], items=1, item_len=LONE_ITEM_TOKENS)
+        # figure, its details' key, its applications, and each one's sides (without, with)
+        for figure, detail, chosen, sides in (
+                ("lora_lone_delta_ms", "sporadic_lora", lora_apps, lambda a: (
+                    (a.name, bench), (a.name, text_workload(**BENCH, model=ADAPTER)))),
+                ("load_control_idle_cost_ms", "sporadic_load_control", no_control,
+                 lambda a: ((a.name, lone), (a.tree.label, lone)))):
+            if not chosen:
+                continue
+            paired = asyncio.run(lone_pairs(running.url, {a.name: sides(a) for a in chosen},
+                                            lone_requests_n, detail))
+            for app in chosen:
+                details[app.tree.label][detail] = paired[app.name]
+                figures[app.tree.label][figure] = delta_ms(paired[app.name])
         for app in apps:
             label, figs = app.tree.label, figures[app.tree.label]
             engine = (figs[f"engine_{app.precision}_items_per_s"]

@@ -46,7 +46,7 @@ from loadtest.bench_engine import run_scheduler
 from ranker_contract.packing import PackedSequence, ScoreJob, pack_multi_item
 from tools import RESULTS_DIR, git_commit
 from tools.configs import shipped_app_config
-from tools.stats import summarize_ms
+from tools.stats import percentile, summarize_ms
 from tools.workload import RequestFactory, Workload
 
 CONFIG = "score-gpu.yaml"
@@ -171,8 +171,7 @@ def main() -> None:
                          "latency_ms": summarize_ms(latencies), "batches": driven.batches,
                          "mean_batch_tokens": driven.tokens / max(driven.batches, 1),
                          "graph_share": driven.graph_batches / max(driven.batches, 1),
-                         "batch_tokens_p99": sorted(b.tokens for b in batches)[
-                             int(0.99 * (len(batches) - 1))] if batches else None,
+                         "batch_tokens_p99": percentile([b.tokens for b in batches], 99),
                          "launch_ms": summarize_ms(driven.launch_s),
                          "batch_ms": summarize_ms(b.seconds for b in batches)})
     out = {

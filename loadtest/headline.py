@@ -140,13 +140,18 @@ def baseline_tree(commit: str) -> Path:
 
 # ---- the engine, offline --------------------------------------------------------------------
 
+def tree_env(tree: Tree) -> dict[str, str]:
+    """The environment a benchmark of `tree` runs in: its code first, its commit recorded."""
+    return os.environ | {"PYTHONPATH": os.pathsep.join(
+        [str(tree.path), *filter(None, [os.environ.get("PYTHONPATH")])]), "COMMIT": tree.commit}
+
+
 def prefix_figure(tree: Tree, out_dir: Path) -> dict:
     """bench_prefix's engine mode of `tree` on the `profile` workload (eager batches of 8, as
     docs/BENCHMARKS.md's "Prefix cache" measures it): {"prefix_profile_ratio": on ÷ off}, or {}
     where it failed."""
     out = out_dir / f"prefix_{tree.label}"
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(
-        [str(tree.path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = tree_env(tree)
     run = subprocess.run([sys.executable, "-m", "loadtest.bench_prefix", "engine", "--config",
                           Path(CONFIG).name, "--requests", "64", "--batch", "8", "--workloads",
                           "profile", "--commit", tree.commit, "--out-dir", str(out)],
@@ -164,8 +169,7 @@ def engine_figures(tree: Tree, lora: bool, out_dir: Path) -> dict:
     too): its figures, or {} where it failed or no GPU is here."""
     out = out_dir / f"engine_{tree.label}.json"
     modes = "engine,fp8,deterministic" + (",lora" if lora else "")
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(
-        [str(tree.path), *filter(None, [os.environ.get("PYTHONPATH")])]), "COMMIT": tree.commit}
+    env = tree_env(tree)
     started = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "loadtest.bench_engine", "--modes", modes,
                           "--no-hf", "--model", str(MODEL), "--out", str(out)],

@@ -160,10 +160,11 @@ class Scheduler:
                  batch_token_budget: int, adapters: AdapterSlots | None = None,
                  capacity_tokens_per_s: float = 0.0) -> None:
         """`batch_token_budget`: tokens per batch, resolved from the YAML's cap
-        (`cfg.max_batch_tokens`, 0 = from free memory) by Engine.measure_budget. `adapters`:
-        the engine's adapter slots, which this loop fills on first use (tasks name adapters);
-        None: tasks name slots. `capacity_tokens_per_s`: the warm-up probe's rate (0.0: not
-        measured), where the throughput estimate starts."""
+        (`cfg.max_batch_tokens`, 0 = from free memory) by
+        gpu_worker/startup.py::measure_budget. `adapters`: the engine's adapter slots, which
+        this loop fills on first use (tasks name adapters); None: tasks name slots.
+        `capacity_tokens_per_s`: the warm-up probe's rate (0.0: not measured), where the
+        throughput estimate starts."""
         if batch_token_budget <= 0:
             raise ValueError(f"batch_token_budget must be a resolved token count (> 0), not "
                              f"{batch_token_budget}")

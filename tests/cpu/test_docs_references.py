@@ -1,17 +1,22 @@
-"""The docs name code that exists. Written in backticks in README.md and docs/*.md:
+"""The docs, and the code's comments, name code that exists. Written in backticks in README.md
+and docs/*.md:
 - `path/to/file.py` is a file, and `path/to/file.py::Name.attr` and `package.module(.name)` of
   this repository's packages resolve to a module-level name in it (a class's attribute or
   method where the name continues);
 - `Class.name`, where this repository defines a class of that name, is defined in one of them;
 - `module.name`, where `module` is the file name of one of its modules and the whole is no
   configuration key (`engine.deterministic`), is defined in one of them.
+In the comments and strings of the code (no backticks there) `path/to/file.py(::Name)` and
+`Class.name` of a class defined here are checked the same way.
 Read from the source with `ast`: nothing is imported, so modules that need a GPU are checked
 too (only the configuration schema is imported, for its keys)."""
 
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from functools import cache
 from pathlib import Path
 
@@ -27,6 +32,14 @@ PATH_REF = re.compile(rf"`((?:{'|'.join(PACKAGES)}|tests|scripts)/[\w/]+\.py)`")
 METHOD_REF = re.compile(r"`([A-Z]\w+)\.(\w+)`")
 FILE_SUFFIXES = {"py", "json", "parquet", "yaml", "md", "txt"}  # `config.json`: a file
 MODULE_REF = re.compile(r"`([a-z]\w*)\.([a-z_]\w*)(?:\(\))?`")
+# (this file aside: its self-check names code that is gone on purpose)
+CODE = [path for package in (*PACKAGES, "tests") for path in sorted((REPO / package).rglob("*.py"))
+        if path != Path(__file__).resolve()]
+CODE_PATH_REF = re.compile(rf"\b((?:{'|'.join(PACKAGES)}|tests|scripts)/[\w/]+\.py)"
+                           r"(?:::(\w+(?:\.\w+)*))?")
+CODE_METHOD_REF = re.compile(r"\b([A-Z]\w+)\.(?!__)([a-z_]\w*)\b")  # Python's dunders aside
+# the tokens of comments and strings (an f-string's text is FSTRING_MIDDLE from Python 3.12)
+PROSE = {tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
 
 
 @cache
@@ -45,10 +58,15 @@ def defined(path: Path) -> dict[str, set[str]]:
             return [node.target.id]
         return []
 
+    bases = {}
     for node in tree.body:
         names[""].update(bound(node))
         if isinstance(node, ast.ClassDef):
             names[node.name] = {n for child in node.body for n in bound(child)}
+            bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+    for _ in bases:  # a class has what its bases in the same file define
+        for name, own_bases in bases.items():
+            names[name].update(*(names.get(b, ()) for b in own_bases))
     return names
 
 
@@ -189,3 +207,33 @@ def test_a_module_function_that_is_gone_is_found():
             "(a key), `prefix_cache.page_tokens` (a key under engine), `ops.py` (a file), "
             "`engine.no_such_key`")
     assert unresolved_module_names(text) == ["`validate.parse_body`", "`engine.no_such_key`"]
+
+
+def unresolved_in_code(source: str) -> list[str]:
+    """The references in the comments and strings of `source` that name no code here."""
+    bad = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in PROSE:
+            continue
+        for m in CODE_PATH_REF.finditer(token.string):
+            path = REPO / m[1]
+            if not path.is_file() or (m[2] and not resolves(path, m[2].split("."))):
+                bad.append(f"line {token.start[0]}: {m[0]}")
+        for m in CODE_METHOD_REF.finditer(token.string):
+            if m[1] in classes() and not any(resolves(p, [m[1], m[2]])
+                                             for p in classes()[m[1]]):
+                bad.append(f"line {token.start[0]}: {m[0]}")
+    return bad
+
+
+@pytest.mark.parametrize("path", CODE, ids=[str(p.relative_to(REPO)) for p in CODE])
+def test_the_code_comments_name_code_that_exists(path):
+    assert not unresolved_in_code(path.read_text())
+
+
+def test_a_comment_naming_code_that_is_gone_is_found():
+    source = ('x = 1  # budget from Engine.measure_budget; gpu_worker/startup.py::warm_up\n'
+              '"""LoraLinear.put (inherited), ScoreJob.__module__, serve_app/gone.py, '
+              'tools/stats.py::aggregate."""\n')
+    assert unresolved_in_code(source) == ["line 1: Engine.measure_budget",
+                                          "line 2: serve_app/gone.py"]

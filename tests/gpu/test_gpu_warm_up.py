@@ -1,6 +1,6 @@
-"""After a replica's warm-up (Engine.warm_up), a run of mixed request shapes compiles nothing:
-no Triton kernel variant and no FlashInfer module is built on the request path, with the prefix
-cache off and on (queries recur, so batches hit it).
+"""After a replica's warm-up (gpu_worker/startup.py::warm_up), a run of mixed request shapes
+compiles nothing: no Triton kernel variant and no FlashInfer module is built on the request
+path, with the prefix cache off and on (queries recur, so batches hit it).
 
 The run happens in a fresh process (this module run with `python -m`), since Triton's and
 FlashInfer's caches live for the whole process and other tests here would have filled them.

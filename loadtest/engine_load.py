@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -47,7 +46,7 @@ from ranker_contract.packing import PackedSequence, ScoreJob, pack_multi_item
 from tools import RESULTS_DIR, git_commit
 from tools.configs import shipped_app_config
 from tools.stats import percentile, summarize_ms
-from tools.workload import RequestFactory, Workload
+from tools.workload import ARRIVALS, RequestFactory, Workload, arrival_offsets
 
 CONFIG = "score-gpu.yaml"
 WARM_S = 1.0  # the first second of each point is not counted
@@ -93,16 +92,6 @@ class DrivenEngine:
         return self.engine.finish(step)
 
 
-def send_times(rate: float, seconds: float, arrival: str) -> list[float]:
-    """Offsets (s) of the requests sent: every 1/rate s, or Poisson arrivals at `rate` (seeded)."""
-    if arrival == "constant":
-        return [k / rate for k in range(int(rate * seconds))]
-    draw, times, t = random.Random(0), [], 0.0
-    while (t := t + draw.expovariate(rate)) < seconds:
-        times.append(t)
-    return times
-
-
 async def open_loop(scheduler: Scheduler, sequences: list[PackedSequence], labels: list[int],
                     offsets: list[float]) -> list[float]:
     """Submit one request at each offset (s); latency (s) of those sent after WARM_S."""
@@ -128,7 +117,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shares", default="0.25,0.5,0.75,0.9")
     p.add_argument("--seconds", type=float, default=8.0)
-    p.add_argument("--arrival", choices=("constant", "poisson"), default="constant")
+    p.add_argument("--arrival", choices=ARRIVALS, default="constant")
     p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16")
     p.add_argument("--token-buckets", help="CUDA-graph token buckets, replacing the config's")
     p.add_argument("--policies", default="shipped,eager_behind")
@@ -162,7 +151,7 @@ def main() -> None:
             loop_cfg = app.scheduler.model_copy(update={"overlap": policy != "sync"})
             scheduler = Scheduler(driven, loop_cfg, budget)
             scheduler.start()
-            offsets = send_times(share * capacity_rps, args.seconds, args.arrival)
+            offsets = arrival_offsets(args.arrival, share * capacity_rps, args.seconds)
             latencies = asyncio.run(open_loop(scheduler, sequences, labels, offsets))
             scheduler.stop()
             driven.close()

@@ -415,18 +415,16 @@ def check(config: dict) -> int:
               f"shed {traffic.shed}, abandoned {traffic.abandoned}; Serve's back-pressure 503s "
               f"(not sent on) {traffic.serve_refused}")
 
-        def counted() -> str:
-            return (f"Prometheus: requests {total(prom, 'sum(ray_ranker_requests_total)'):g} of "
-                    f"{sent}, items {total(prom, 'sum(ray_ranker_items_scored_total)'):g} of "
-                    f"{traffic.items_scored}, drops "
-                    f"{total(prom, 'sum(ray_ranker_sequences_dropped_total)'):g} of "
-                    f"{service_sample(scrape(metrics_url)).dropped:g}; {traffic.problems}")
+        def counted() -> tuple[float, float, float]:  # requests, items, drops
+            return tuple(total(prom, f"sum(ray_ranker_{m}_total)")
+                         for m in ("requests", "items_scored", "sequences_dropped"))
 
-        wait_for(lambda: total(prom, "sum(ray_ranker_requests_total)") == sent
-                 and total(prom, "sum(ray_ranker_items_scored_total)") == traffic.items_scored
-                 and total(prom, "sum(ray_ranker_sequences_dropped_total)")
-                 == service_sample(scrape(metrics_url)).dropped,
-                 "every request, item and drop in Prometheus", counted)
+        def expected() -> tuple[float, float, float]:
+            return sent, traffic.items_scored, service_sample(scrape(metrics_url)).dropped
+
+        wait_for(lambda: counted() == expected(), "every request, item and drop in Prometheus",
+                 lambda: f"Prometheus counted (requests, items, drops) {counted()}, sent "
+                 f"{expected()}; {traffic.problems}")
         dropped = service_sample(scrape(metrics_url)).dropped
         if not 1 <= dropped <= traffic.abandoned:
             problems.append(f"{dropped} sequences dropped for {traffic.abandoned} abandoned")

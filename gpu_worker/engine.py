@@ -31,12 +31,15 @@ from ranker_contract.config import EngineConfig, LoraConfig
 from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import PackedSequence
 
-# Linears of fewer rows run padded to this many where scores are deterministic: from here the
-# BLAS library sums every row count the same way on the shapes measured (docs/BENCHMARKS.md,
-# "Deterministic scores"). cuBLAS bf16: the decoder's linears (its LM head at any count); the
-# CPU's fp32: every linear.
-DETERMINISTIC_MIN_ROWS = {"cuda": 256, "cpu": 16}
-
+# Where scores are deterministic (docs/ARCHITECTURE.md, "Deterministic scores"). On CUDA, linears
+# of fewer rows run padded to this many: from here cuBLAS bf16 sums every row count the same way
+# on the decoder's shapes (its LM head at any count).
+CUDA_MIN_ROWS = 256
+# On the CPU every linear runs in chunks of exactly this many rows (gpu_worker/model.py::Linear):
+# the decoder's in chunks large enough to cost a batch little, the head's (which reads only the
+# score rows, a few per request) in small ones (the cost: docs/BENCHMARKS.md, "Deterministic
+# scores").
+CPU_CHUNK_ROWS, CPU_HEAD_CHUNK_ROWS = 128, 16
 
 @dataclass(slots=True)
 class Step:
@@ -120,9 +123,13 @@ class Engine:
         if cfg.deterministic and (fused or device.type == "cpu"):
             # docs/ARCHITECTURE.md, "Deterministic scores"; after the LoRA linears replaced
             # theirs. On CUDA not the LM head: 256 rows of it would cost a lone request.
+            decoder_linears = set(model.model.modules())
             for module in (model.model if fused else model).modules():
-                if isinstance(module, Linear):
-                    module.min_rows = DETERMINISTIC_MIN_ROWS[device.type]
+                if isinstance(module, Linear) and fused:
+                    module.min_rows = CUDA_MIN_ROWS
+                elif isinstance(module, Linear):
+                    module.chunk_rows = (CPU_CHUNK_ROWS if module in decoder_linears
+                                         else CPU_HEAD_CHUNK_ROWS)
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graphs.token_buckets),
                                   self.dtype, device, self.lora if lora_graphs else None)
                        if cfg.cuda_graphs.enabled else None)

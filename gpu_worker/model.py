@@ -63,18 +63,28 @@ class Linear(nn.Linear):
     """A linear in the model's float dtype (the decoder's, the LM head); its input is plain
     rows [M, K]."""
 
-    # Fewer rows than this are padded up to it (the engine sets it where scores are
-    # deterministic): for few rows the BLAS library picks another kernel (cuBLAS splits the K
-    # sum, the CPU's a matrix-vector path), so a row's result would follow how many rows the
-    # batch has (docs/ARCHITECTURE.md, "Deterministic scores").
+    # Set by the engine where scores are deterministic, so a row's result never follows how
+    # many rows its batch has (docs/ARCHITECTURE.md, "Deterministic scores"):
+    # - `min_rows` (CUDA): fewer rows are padded up to this many; below it cuBLAS splits the K
+    #   sum by the row count.
+    # - `chunk_rows` (CPU): every GEMM runs on exactly this many rows, the last chunk padded; the
+    #   CPU BLAS (MKL) picks its kernel and its split of the K sum between threads by the row
+    #   count. A multiple of 16, so each chunk of a fresh fp32 tensor starts 64-byte aligned.
     min_rows = 1
+    chunk_rows = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._at_least_min_rows(super().forward, x)
+        return self._deterministic(super().forward, x)
 
-    def _at_least_min_rows(self, fn, x: torch.Tensor) -> torch.Tensor:
-        """fn(x), its rows padded up to min_rows and the result's cut back."""
+    def _deterministic(self, fn, x: torch.Tensor) -> torch.Tensor:
+        """fn(x) (a row-wise function of a GEMM of x), on padded rows or chunks of rows as set
+        above, its result cut back to x's rows."""
         rows = x.shape[0]
+        if self.chunk_rows:
+            pad = -rows % self.chunk_rows
+            padded = nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+            parts = [fn(part) for part in padded.split(self.chunk_rows)]
+            return (parts[0] if len(parts) == 1 else torch.cat(parts))[:rows]
         if rows >= self.min_rows:
             return fn(x)
         return fn(nn.functional.pad(x, (0, 0, 0, self.min_rows - rows)))[:rows]
@@ -90,7 +100,7 @@ class Linear(nn.Linear):
     def swiglu(self, x, down: Linear, ops: Ops):
         """As the gate/up projection: SiLU(gate) * up of x, in `down`'s input form (one fused
         GEMM + SwiGLU on CudaOps when the batch is large)."""
-        return down.rows(self._at_least_min_rows(
+        return down.rows(self._deterministic(
             lambda rows: ops.gate_up_silu(rows, self.weight), x))
 
     def swiglu_rows(self, gate_up: torch.Tensor, ops: Ops):

@@ -80,6 +80,7 @@ class Engine:
             raise ValueError("CUDA graphs need the fused kernels (device cuda, not reference)")
         self.model = model
         self.device = device
+        self.asynchronous = device.type == "cuda"  # gpu_worker/scheduler.py::BatchEngine
         self.vocab_size = model.config.vocab_size
         self.dtype = model.model.embed_tokens.weight.dtype  # any head
         mcfg = model.config

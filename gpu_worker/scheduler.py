@@ -2,10 +2,11 @@
 
 Each turn packs waiting tasks into a batch under a token budget, launches it, and only then
 finishes the previous batch (docs/ARCHITECTURE.md, "The scheduler"): the device works on batch
-N+1 while the host reads batch N's results. With overlap=False the same code finishes every
-batch right after launching it. `run_job` is the replica's event-loop side: admission against
-the queue-wait bound in seconds of the measured throughput (docs/ARCHITECTURE.md, "Load
-control"), then one future per sequence, settled from the loop thread.
+N+1 while the host reads batch N's results. With overlap=False, or an engine whose launch
+computes the batch (the CPU), the same code finishes every batch right after launching it.
+`run_job` is the replica's event-loop side: admission against the queue-wait bound in seconds
+of the measured throughput (docs/ARCHITECTURE.md, "Load control"), then one future per
+sequence, settled from the loop thread.
 
 Tasks, their callbacks, cancellation and clocks live here; the engine it drives (`BatchEngine`,
 gpu_worker/engine.py) sees only packed sequences and label ids. This module imports no torch.
@@ -36,6 +37,11 @@ DoneCallback = Callable[[list[list[float]] | BaseException], None]
 
 class BatchEngine(Protocol):
     """The device side the loop drives (gpu_worker/engine.py::Engine; tests use a fake)."""
+
+    # True: launch() queues the batch and returns before it is computed (CUDA), so the loop may
+    # launch the next before finishing it. False: launch() computed it (the CPU); finishing it
+    # only after the next batch ran would hold its answers behind that batch for nothing.
+    asynchronous: bool
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
                *, adapters: list[int] | None = None) -> Any:
@@ -128,8 +134,8 @@ THROUGHPUT_SMOOTHING = 0.3  # weight of the newest full batch in the moving aver
 
 @dataclass(slots=True)
 class Throughput:
-    """Tokens per second the device computes in full batches: the warm-up probe's rate at first
-    (0.0 where not measured: CPU), then a moving average over the full batches this loop ran.
+    """Tokens per second the device computes in full batches: the start-up probe's rate at first
+    (0.0 where none was given), then a moving average over the full batches this loop ran.
     Written by the loop thread, read by the event loop (one float)."""
 
     tokens_per_s: float
@@ -171,7 +177,7 @@ class Scheduler:
         self.engine = engine
         self.batch_token_budget = batch_token_budget
         self.max_batch_sequences = cfg.max_batch_sequences
-        self.overlap = cfg.overlap
+        self.overlap = cfg.overlap and engine.asynchronous
         self.max_queue_wait_s = cfg.max_queue_wait_s
         self.throughput = Throughput(capacity_tokens_per_s,
                                      int(FULL_BATCH_SHARE * batch_token_budget))
@@ -213,7 +219,7 @@ class Scheduler:
 
         Admission, with `max_queue_wait_s` > 0: a job that could not start within it, the
         tokens ahead of it (queued and in flight) being more than the throughput computes in
-        that time (`queue_bound_tokens`; until a rate is known, none is refused here), raises
+        that time (`queue_bound_tokens`; without a rate, none is refused here), raises
         ScorerOverloaded, nothing queued. A job always gets in when nothing waits, so a
         request larger than the bound is slow, never refused forever. A job none of whose
         sequences has started `max_queue_wait_s` after it arrived (the estimate was wrong)
@@ -253,8 +259,9 @@ class Scheduler:
 
     def queue_bound_tokens(self) -> int | None:
         """Tokens that may be ahead of a job admitted now: what the measured throughput computes
-        in max_queue_wait_s. None: no bound, or no rate known yet (a CPU replica before its
-        first full batch), when only the wait itself refuses (a job not started in time)."""
+        in max_queue_wait_s. None: no bound, or no rate known (a loop started without the
+        probe's rate, before its first full batch), when only the wait itself refuses (a job not
+        started in time)."""
         rate = self.throughput.tokens_per_s
         return int(rate * self.max_queue_wait_s) if rate and self.max_queue_wait_s > 0 else None
 

@@ -43,6 +43,8 @@ QUERY_TOKENS, ITEM_TOKENS = 120, 180  # the bench shape; other shapes differ onl
 # Share of free GPU memory (after weights) that batch activations, or the prefix cache, may use.
 MEMORY_FRACTION = 0.8
 PROBE_TOKENS = 8192  # the probe batch: about one bench-sized batch slice
+# The CPU's probe batch: one bench-shape sequence or two, a few seconds of a 2-core machine
+CPU_PROBE_TOKENS = 1024
 # Label ids of the probe and warm-up batches: 0 exists in a vocabulary and in a one-class head.
 PROBE_LABEL_IDS = [0, 0]
 
@@ -52,9 +54,10 @@ class BatchBudget:
     """What the warm-up probe measured (measure_budget)."""
 
     tokens: int  # tokens one batch may hold: the scheduler's batch_token_budget
-    # Tokens per second of the probe batch (eager; 0.0 on CPU: not measured): what the
-    # autoscaler compares the computed rate with. Batches under load are larger and faster per
-    # token, so the share it gives reads somewhat high.
+    # Tokens per second of the probe batch (eager): where the load bound's throughput estimate
+    # starts, so a scorer refuses from its first request on, and what the autoscaler compares
+    # the computed rate with. Batches under load are larger and faster per token on a GPU, so
+    # the share it gives reads somewhat high there.
     capacity_tokens_per_s: float
 
 
@@ -78,9 +81,9 @@ def _run(engine, batch: list[PackedSequence], **launch) -> None:
 
 def measure_budget(engine, max_batch_tokens: int, min_batch_tokens: int,
                    memory_share: float = 1.0) -> BatchBudget:
-    """The batch budget of `engine` (gpu_worker/engine.py::Engine) and the probe's rate. On CPU:
-    `max_batch_tokens`, no rate. On a GPU a multi-item probe batch measures activation memory
-    per token:
+    """The batch budget of `engine` (gpu_worker/engine.py::Engine) and the probe's rate. On the
+    CPU: `max_batch_tokens`, and the rate of a probe batch of the bench shape (cpu_rate). On a
+    GPU a multi-item probe batch measures activation memory per token:
 
         budget = MEMORY_FRACTION * memory_share * free_memory_after_weights / peak_bytes_per_token
 
@@ -91,7 +94,7 @@ def measure_budget(engine, max_batch_tokens: int, min_batch_tokens: int,
     runs beside another engine's batches also sees their peak, so it measures high per token
     and the budget comes out lower, never higher."""
     if engine.device.type != "cuda":
-        return BatchBudget(max_batch_tokens, 0.0)
+        return BatchBudget(max_batch_tokens, cpu_rate(engine, max_batch_tokens, min_batch_tokens))
     batch = list(_multi_item_batch(PROBE_TOKENS, PROBE_TOKENS))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -114,6 +117,19 @@ def measure_budget(engine, max_batch_tokens: int, min_batch_tokens: int,
     logger.info("warm-up done: %.0f activation bytes per token; batch budget %d tokens; "
                 "%.0f tokens/s", per_token, budget, capacity)
     return BatchBudget(budget, capacity)
+
+
+def cpu_rate(engine, budget_tokens: int, max_seq_tokens: int) -> float:
+    """Tokens per second of a CPU engine on a batch of the bench shape (CPU_PROBE_TOKENS, or the
+    budget if smaller), after a small batch has run once (a first forward allocates)."""
+    _run(engine, [pack_plain([7] * 64, 0)], use_cache=False)
+    tokens = min(budget_tokens, CPU_PROBE_TOKENS)
+    batch = list(_multi_item_batch(tokens, max_seq_tokens))
+    started = time.perf_counter()
+    _run(engine, batch, use_cache=False)
+    rate = tokens / (time.perf_counter() - started)
+    logger.info("CPU probe: %d tokens at %.0f tokens/s", tokens, rate)
+    return rate
 
 
 def warm_up(engine, budget_tokens: int, max_seq_tokens: int) -> None:

@@ -40,6 +40,8 @@ CONFIG = "score.yaml"
 class NullEngine:
     """Scores every item 0 for every label, at once."""
 
+    asynchronous = False
+
     def launch(self, sequences, label_ids_per_sequence, *, adapters=None):
         return [[[0.0] * len(ids)] * seq.num_items
                 for seq, ids in zip(sequences, label_ids_per_sequence, strict=True)]

@@ -95,6 +95,7 @@ class StepTimer:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.asynchronous = engine.asynchronous
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],

@@ -59,6 +59,7 @@ class DrivenEngine:
 
     def __init__(self, engine: Engine, eager_behind: bool) -> None:
         self.engine, self.eager_behind = engine, eager_behind
+        self.asynchronous = engine.asynchronous
         self.batches = self.graph_batches = self.tokens = self.on_device = 0
         self.launch_s: list[float] = []  # host time of each engine.launch
         graphs = engine.graphs

@@ -66,7 +66,7 @@ def _rate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="inter-arrival times")
     p.add_argument("--clients", type=int, default=0, help="client processes sharing the rate "
                    "(tools/client_pool.py); 0: one per 100 req/s offered, which a process "
-                   "sends on time; a point whose requests left late says CLIENT BEHIND")
+                   "sends on time; a point whose sends fell behind says CLIENT BEHIND")
     p.add_argument("--metrics-url", help="the Ray node's Prometheus URL ('auto': the newest "
                    "local session): each point gets the scorer replicas' balance")
 

@@ -350,9 +350,9 @@ def format_point(p: dict) -> str:
     balance = p.get("scorers", {}).get("imbalance_queued_tokens")
     if balance is not None:
         line += f" | scorer imbalance {balance:.2f}"
-    if p.get("behind_schedule"):
-        line += (f" | CLIENT BEHIND: {100 * (1 - p['on_time_share']):.1f}% sent late; "
-                 "add --clients")
+    if p.get("behind_schedule"):  # tools/stats.py::client_behind
+        line += (f" | CLIENT BEHIND: send lag p99 {p['send_lag_ms']['p99']:.0f} ms, "
+                 f"{100 * (1 - p['on_time_share']):.1f}% sent late; add --clients")
     return line
 
 

@@ -126,12 +126,23 @@ def serve_cli() -> list[str]:
 
 def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Service:
     """`serve run` of `config` (its HTTP port replaced by a free one); healthy when returned."""
+    service = launch_service(config, free_port(), extra_env)
+    try:
+        wait_until(lambda: _healthy(service), STARTUP_TIMEOUT_S, "service healthy", service)
+    except BaseException:
+        stop_service(service)
+        raise
+    return service
+
+
+def launch_service(config: dict, port: int, extra_env: dict[str, str] | None = None) -> Service:
+    """`serve run` of `config` on HTTP port `port`, returned at once (not waited for); the
+    caller stops it (stop_service)."""
     model = Path(config["applications"][0]["args"].get("model_path", DEFAULT_MODEL))
     if not ((model if model.is_absolute() else REPO_ROOT / model) / "config.json").is_file():
         raise RuntimeError(f"{model} is missing: run `python scripts/prepare_model.py` (the "
                            "default model) or `python -m tools.random_model`")
     config = copy.deepcopy(config)
-    port = free_port()
     config["http_options"]["port"] = port
     workdir = Path(tempfile.mkdtemp(prefix="score-serve-"))
     (workdir / "score.yaml").write_text(yaml.safe_dump(config))
@@ -142,13 +153,7 @@ def start_service(config: dict, extra_env: dict[str, str] | None = None) -> Serv
             [*serve_cli(), "run", str(workdir / "score.yaml")],
             cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
-    service = Service(f"http://127.0.0.1:{port}", proc, workdir)
-    try:
-        wait_until(lambda: _healthy(service), STARTUP_TIMEOUT_S, "service healthy", service)
-    except BaseException:
-        stop_service(service)
-        raise
-    return service
+    return Service(f"http://127.0.0.1:{port}", proc, workdir)
 
 
 @contextmanager

@@ -27,10 +27,12 @@ class FakeStep:
 
 class FakeEngine:
     """Records every launch and finish. A batch holding a `poisoned` sequence raises `error` at
-    launch, the way a device error would. hold() keeps finish() waiting until release()."""
+    launch, the way a device error would. hold() keeps finish() waiting until release().
+    `asynchronous`: as a GPU engine (the loop overlaps), or False as the CPU's."""
 
     def __init__(self, poisoned: tuple[PackedSequence, ...] = (),
-                 error: BaseException | None = None) -> None:
+                 error: BaseException | None = None, asynchronous: bool = True) -> None:
+        self.asynchronous = asynchronous
         self.poisoned = {id(seq) for seq in poisoned}
         self.error = error if error is not None else RuntimeError("poisoned batch")
         self.batches: list[list[int]] = []  # ids of the sequences of each launch

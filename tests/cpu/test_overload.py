@@ -227,6 +227,39 @@ def test_requests_whose_client_left_are_not_computed(service):
     assert cancelled["408"] - cancelled_before["408"] <= queued_then_abandoned
 
 
+# ~8,000 tokens in sequences of max_seq_tokens 1024: one sequence per batch (max_batch_tokens
+# 1024), several seconds of scorer work in all
+LONG = Workload(query_len=40, items=38, item_len=200, vocab=49152)
+
+
+def test_a_started_request_whose_deadline_passed_is_not_computed_further(service):
+    """A request of many sequences whose deadline passes while its first ones are computed: its
+    later sequences are dropped between forwards, so the next request is not held behind them."""
+    url = f"{service.url}/v1/score"
+    tooling.wait_until(lambda: _quiet(service), 60, "scorer quiet before the test", service)
+    before = service_sample(scrape(service.metrics_url()))
+    body = RequestFactory(LONG, "expired").next_bytes()
+    headers = {**AUTH, "Content-Type": "application/json"}
+    with httpx.Client(timeout=60) as client:
+        expired = client.post(url, content=body,
+                              headers={**headers, "x-request-timeout-seconds": "0.5"})
+        started = time.monotonic()
+        after_it = client.post(url, content=RequestFactory(SMALL, "next").next_bytes(),
+                               headers=headers)
+        waited = time.monotonic() - started
+    assert expired.status_code == 408, expired.text
+    assert after_it.status_code == 200, after_it.text
+    tooling.wait_until(lambda: _quiet(service), 30, "scorer quiet with the drops counted", service)
+    after = service_sample(scrape(service.metrics_url()))
+    scored = sum(after.items_scored.values()) - sum(before.items_scored.values())
+    dropped = after.dropped - before.dropped
+    print(f"\nexpired: {scored - SMALL.items} of {LONG.items} items computed, {dropped} "
+          f"sequences dropped; the next request answered in {waited:.2f} s")
+    assert dropped >= 1  # its later sequences were dropped unscored...
+    assert scored - SMALL.items < LONG.items  # ...so not all of its items were computed
+    assert waited < 20  # a generous bound: behind at most one batch of the expired request
+
+
 def test_no_log_line_holds_the_key(service):
     # Read from the environment: Ray's logs of the raylet and workers must not show it either.
     assert lines_containing(service, [API_KEY]) == []

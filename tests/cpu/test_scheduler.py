@@ -107,6 +107,18 @@ def test_overlap_equals_synchronous(sequences):
     assert overlapped == [fake_scores(seq, LABELS) for seq in sequences]
 
 
+def test_an_engine_that_computes_at_launch_is_finished_at_once(sequences):
+    """The CPU's launch computes its batch: each batch is answered before the next is launched,
+    even with overlap on (else its answers would wait for the next batch's work)."""
+    fake = FakeEngine(asynchronous=False)
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=3, overlap=True),
+                          batch_token_budget=120)
+    assert run_all(scheduler, sequences) == [fake_scores(seq, LABELS) for seq in sequences]
+    n = scheduler.batches_run
+    assert n > 1
+    assert fake.events == [(kind, k) for k in range(n) for kind in ("launch", "finish")]
+
+
 def test_batches_across_requests(sequences):
     fake = FakeEngine()
     scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=5), batch_token_budget=10_000)

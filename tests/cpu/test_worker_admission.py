@@ -65,7 +65,7 @@ def test_job_larger_than_the_bound_gets_in_when_nothing_waits():
 
 
 def test_until_a_rate_is_measured_only_the_wait_refuses():
-    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET)  # CPU: no probe
+    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET)  # no probe's rate
     assert scheduler.throughput.tokens_per_s == 0.0 and scheduler.queue_bound_tokens() is None
 
     async def scenario():
@@ -116,3 +116,26 @@ def test_health_check_fails_once_the_loop_thread_died():
         worker.check_health()
     with pytest.raises(RuntimeError, match="loop thread died"):
         worker.ping()
+
+
+def test_a_cpu_scorer_knows_its_rate_from_the_start(tiny_checkpoint, engine_for):
+    """The CPU's start-up probe measures its throughput, so the load bound refuses from the first
+    job on (there is no window where nothing is refused because no rate is known yet)."""
+    from gpu_worker.startup import measure_budget
+
+    engine = engine_for(tiny_checkpoint("llama"))
+    budget = measure_budget(engine, max_batch_tokens=BUDGET, min_batch_tokens=400)
+    assert budget.tokens == BUDGET and budget.capacity_tokens_per_s > 0
+    scheduler = Scheduler(FakeEngine(), LIMITED, batch_token_budget=BUDGET,
+                          capacity_tokens_per_s=budget.capacity_tokens_per_s)
+    bound = scheduler.queue_bound_tokens()
+    assert bound == int(budget.capacity_tokens_per_s * LIMITED.max_queue_wait_s)
+
+    async def scenario():  # the loop is not started: what is submitted stays queued
+        first = asyncio.ensure_future(scheduler.run_job(_job(bound + 1)))
+        await asyncio.sleep(0)
+        with pytest.raises(ScorerOverloaded):
+            await scheduler.run_job(_job(10))
+        first.cancel()
+
+    asyncio.run(scenario())

@@ -41,6 +41,7 @@ CUDA_MIN_ROWS = 256
 # scores").
 CPU_CHUNK_ROWS, CPU_HEAD_CHUNK_ROWS = 128, 16
 
+
 @dataclass(slots=True)
 class Step:
     """A launched batch. NOTE: owns every host and device tensor of the batch until finished,

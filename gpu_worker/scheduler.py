@@ -76,6 +76,12 @@ class ScoreTask:
     # the LoRA adapter (ScoreJob.adapter): its slot in the engine, or with AdapterSlots the
     # number a request names it by
     adapter: int = 0
+    # Both guarded by the scheduler's lock. `off_queue`: it left the queued count (picked into a
+    # batch or dropped). `abandoned`: its caller went away while it was counted queued, so it
+    # counts as queued no more (Scheduler.depth): the loop drops it at its next pick, which may
+    # be a whole batch later, and work nobody waits for must not refuse new jobs meanwhile.
+    off_queue: bool = False
+    abandoned: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -191,6 +197,7 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="score-loop", daemon=True)
         self._lock = threading.Lock()  # guards the counters below
         self._queued = Load()  # submitted and not yet launched
+        self._abandoned = Load()  # of those, the tasks whose caller went away (ScoreTask)
         self._inflight = Load()  # launched and not yet finished
         self.batches_run = 0
         self.cancelled_dropped = 0  # tasks skipped because their caller went away
@@ -249,13 +256,30 @@ class Scheduler:
         self.submit(*tasks)
         try:
             results = list(await asyncio.gather(*futures))
-        except ScorerOverloaded:
+        except (ScorerOverloaded, asyncio.CancelledError):
             for fut in futures:  # nobody will read the rest: never compute it
                 fut.cancel()
+            self._abandon(tasks)
             raise
         first_launch = min((t.launched for t in tasks), default=arrived)
         return ScoredJob(results, queued_s=first_launch - arrived,
                          computed_s=time.monotonic() - first_launch)
+
+    def _abandon(self, tasks: list[ScoreTask]) -> None:
+        """Their futures are cancelled: those still queued stop counting as queued now."""
+        with self._lock:
+            for task in tasks:
+                if not task.off_queue and not task.abandoned:
+                    task.abandoned = True
+                    self._abandoned.add(task.num_tokens, 1)
+
+    def _off_queue(self, tasks: list[ScoreTask]) -> None:
+        """Take tasks off the queued count (the caller holds the lock)."""
+        for task in tasks:
+            task.off_queue = True
+            self._queued.remove(task.num_tokens, 1)
+            if task.abandoned:
+                self._abandoned.remove(task.num_tokens, 1)
 
     def queue_bound_tokens(self) -> int | None:
         """Tokens that may be ahead of a job admitted now: what the measured throughput computes
@@ -277,8 +301,10 @@ class Scheduler:
         return self._thread.is_alive()
 
     def depth(self) -> QueueDepth:
+        """Queued (less what nobody waits for any more) and in flight."""
         with self._lock:
-            return QueueDepth(self._queued.tokens, self._queued.sequences,
+            return QueueDepth(self._queued.tokens - self._abandoned.tokens,
+                              self._queued.sequences - self._abandoned.sequences,
                               self._inflight.tokens, self._inflight.sequences)
 
     def _run(self) -> None:
@@ -329,7 +355,7 @@ class Scheduler:
         tasks = [t for t in self._waiting if t.adapter in failed]
         self._waiting = collections.deque(t for t in self._waiting if t.adapter not in failed)
         with self._lock:
-            self._queued.remove(sum(t.num_tokens for t in tasks), len(tasks))
+            self._off_queue(tasks)
         self._gone(tasks)
         for task in tasks:
             self._answer(task, failed[task.adapter])
@@ -368,14 +394,14 @@ class Scheduler:
         self._waiting.extendleft(reversed(skipped))
         if batch:
             with self._lock:
-                self._queued.remove(tokens, len(batch))
+                self._off_queue(batch)
                 self._inflight.add(tokens, len(batch))
         return batch
 
     def _drop(self, task: ScoreTask) -> None:
         """A task taken off the queue unscored."""
         with self._lock:
-            self._queued.remove(task.num_tokens, 1)
+            self._off_queue([task])
         self._gone([task])
 
     def _launch(self, batch: list[ScoreTask]) -> _Launched | None:
@@ -451,7 +477,7 @@ class Scheduler:
         tasks = list(self._waiting)
         self._waiting.clear()
         with self._lock:
-            self._queued = Load()
+            self._off_queue(tasks)
             self._inflight.add(sum(t.num_tokens for t in tasks), len(tasks))
         self._settle(tasks, exc)
 

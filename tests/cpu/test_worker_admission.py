@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gpu_worker.deployment import ScoreWorker
-from gpu_worker.scheduler import THROUGHPUT_SMOOTHING, Scheduler, ScoreTask, Throughput
+from gpu_worker.scheduler import THROUGHPUT_SMOOTHING, QueueDepth, Scheduler, ScoreTask, Throughput
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoreJob, pack_plain
@@ -139,3 +139,41 @@ def test_a_cpu_scorer_knows_its_rate_from_the_start(tiny_checkpoint, engine_for)
         first.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_cancelled_jobs_queued_work_stops_counting_at_once():
+    """A job whose caller went away while it waited behind a running batch no longer counts as
+    work ahead: a new job is admitted at once (its 200 tokens ahead would be refused, the bound
+    being 100), and the abandoned one is dropped unscored at the loop's next pick."""
+    fake = FakeEngine()
+    fake.hold()  # the first batch stays on the "device" until released
+    scheduler = Scheduler(fake, LIMITED, batch_token_budget=BUDGET, capacity_tokens_per_s=RATE)
+    assert scheduler.queue_bound_tokens() == 100
+    scheduler.start()
+
+    async def scenario():
+        running = asyncio.ensure_future(scheduler.run_job(_job(50)))
+        for _ in range(3000):  # until the loop waits on the held batch
+            if fake.finishing.is_set():
+                break
+            await asyncio.sleep(0.01)
+        abandoned = asyncio.ensure_future(scheduler.run_job(_job(200)))
+        await asyncio.sleep(0)
+        assert scheduler.depth().queued_tokens == 200
+        abandoned.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await abandoned
+        assert scheduler.depth().queued_tokens == 0
+        admitted = asyncio.ensure_future(scheduler.run_job(_job(10)))
+        await asyncio.sleep(0)
+        fake.release()
+        return await running, await admitted
+
+    try:
+        first, admitted = asyncio.run(scenario())
+    finally:
+        scheduler.stop()
+    assert len(first.results) == len(admitted.results) == 1
+    assert len(fake.batches) == 2  # the running job's and the admitted one's: never the other
+    assert scheduler.cancelled_dropped == 1
+    assert scheduler.depth() == QueueDepth(0, 0, 0, 0)

@@ -10,6 +10,8 @@
   ray_dashboard    reach the Ray dashboard with token authentication (scripts/serve.sh runs it)
   check_dashboard  the Grafana board against a real Prometheus and the service
   screenshot_dashboard  the Ray dashboard's Serve page as a PNG, in a headless browser
+  cpu_table        the README's CPU table: starts the CPU default, measures, writes
+                   docs/results/cpu/cpu.json and the table (--tables-only, --check)
 Libraries: workload (request shapes and bodies), stats, http_client and client_pool (the
 open-loop senders), cli_args, prom (a node's metrics), prometheus_server, service (`serve run` of
 a shipped config, configs: those configs).

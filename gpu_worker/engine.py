@@ -35,11 +35,12 @@ from ranker_contract.packing import PackedSequence
 # of fewer rows run padded to this many: from here cuBLAS bf16 sums every row count the same way
 # on the decoder's shapes (its LM head at any count).
 CUDA_MIN_ROWS = 256
-# On the CPU every linear runs in chunks of exactly this many rows (gpu_worker/model.py::Linear):
-# the decoder's in chunks large enough to cost a batch little, the head's (which reads only the
-# score rows, a few per request) in small ones (the cost: docs/BENCHMARKS.md, "Deterministic
-# scores").
-CPU_CHUNK_ROWS, CPU_HEAD_CHUNK_ROWS = 128, 16
+# On the CPU a linear whose input is wider than its output (K > N: the down projection), where
+# MKL splits the K sum between threads by the row count, runs in chunks of exactly this many
+# rows; the others, whose rows MKL sums the same way from 16 rows up, run padded to that many
+# (gpu_worker/model.py::Linear; measured on Intel and AMD, and the cost of chunking every
+# linear: docs/BENCHMARKS.md, "Deterministic scores on the CPU").
+CPU_CHUNK_ROWS, CPU_MIN_ROWS = 128, 16
 
 
 @dataclass(slots=True)
@@ -125,13 +126,13 @@ class Engine:
         if cfg.deterministic and (fused or device.type == "cpu"):
             # docs/ARCHITECTURE.md, "Deterministic scores"; after the LoRA linears replaced
             # theirs. On CUDA not the LM head: 256 rows of it would cost a lone request.
-            decoder_linears = set(model.model.modules())
             for module in (model.model if fused else model).modules():
                 if isinstance(module, Linear) and fused:
                     module.min_rows = CUDA_MIN_ROWS
                 elif isinstance(module, Linear):
-                    module.chunk_rows = (CPU_CHUNK_ROWS if module in decoder_linears
-                                         else CPU_HEAD_CHUNK_ROWS)
+                    module.min_rows = CPU_MIN_ROWS
+                    if module.in_features > module.out_features:
+                        module.chunk_rows = CPU_CHUNK_ROWS
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graphs.token_buckets),
                                   self.dtype, device, self.lora if lora_graphs else None)
                        if cfg.cuda_graphs.enabled else None)

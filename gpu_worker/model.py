@@ -65,10 +65,10 @@ class Linear(nn.Linear):
 
     # Set by the engine where scores are deterministic, so a row's result never follows how
     # many rows its batch has (docs/ARCHITECTURE.md, "Deterministic scores"):
-    # - `min_rows` (CUDA): fewer rows are padded up to this many; below it cuBLAS splits the K
-    #   sum by the row count.
-    # - `chunk_rows` (CPU): every GEMM runs on exactly this many rows, the last chunk padded; the
-    #   CPU BLAS (MKL) picks its kernel and its split of the K sum between threads by the row
+    # - `min_rows`: fewer rows are padded up to this many; below it cuBLAS splits the K sum by
+    #   the row count, and the CPU's BLAS takes a matrix-vector path.
+    # - `chunk_rows` (CPU, a linear with K > N): every GEMM runs on exactly this many rows, the
+    #   last chunk padded; there MKL picks its split of the K sum between threads by the row
     #   count. A multiple of 16, so each chunk of a fresh fp32 tensor starts 64-byte aligned.
     min_rows = 1
     chunk_rows = 0

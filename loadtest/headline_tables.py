@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from loadtest.headline import FIGURES, RESULT
-from tools import REPO_ROOT
+from tools import REPO_ROOT, doc_blocks
 
 # figure -> (what it is, its unit); in this order in both tables
 LABELS = {
@@ -108,17 +108,11 @@ def markers(name: str) -> tuple[str, str]:
 
 def block(text: str, name: str) -> str:
     """What stands between the markers of `name` (ValueError where they are missing)."""
-    start, end = markers(name)
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise ValueError(f"need one {start} line, then one {end} line")
-    return text[text.index(start) + len(start):text.index(end)].strip("\n")
+    return doc_blocks.block(text, markers(name))
 
 
 def with_block(text: str, name: str, body: str) -> str:
-    start, end = markers(name)
-    block(text, name)  # the markers are there
-    return (text[:text.index(start) + len(start)] + "\n" + body + "\n"
-            + text[text.index(end):])
+    return doc_blocks.with_block(text, markers(name), body)
 
 
 def main(argv: list[str] | None = None) -> int:

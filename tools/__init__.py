@@ -14,7 +14,7 @@
                    docs/results/cpu/cpu.json and the table (--tables-only, --check)
 Libraries: workload (request shapes and bodies), stats, http_client and client_pool (the
 open-loop senders), cli_args, prom (a node's metrics), prometheus_server, service (`serve run` of
-a shipped config, configs: those configs).
+a shipped config, configs: those configs), doc_blocks (the generated blocks of the docs).
 Layers (tests/cpu/test_config.py): tools import the product packages only; loadtest (the
 benchmarks) and tests import tools.
 """

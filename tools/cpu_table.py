@@ -47,7 +47,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tools import REPO_ROOT, RESULTS_DIR, git_commit
+from tools import REPO_ROOT, RESULTS_DIR, doc_blocks, git_commit
 from tools.configs import shipped_yaml
 from tools.http_client import JSON_HEADERS, make_session, send_one
 from tools.loadgen import RateConfig, run_overload, run_sporadic
@@ -490,16 +490,11 @@ def readme_block(doc: dict) -> str:
 
 def block(text: str) -> str:
     """What stands between the markers (ValueError where they are missing)."""
-    start, end = MARKERS
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise ValueError(f"need one {start} line, then one {end} line")
-    return text[text.index(start) + len(start):text.index(end)].strip("\n")
+    return doc_blocks.block(text, MARKERS)
 
 
 def with_block(text: str, body: str) -> str:
-    start, end = MARKERS
-    block(text)  # the markers are there
-    return text[:text.index(start) + len(start)] + "\n" + body + "\n" + text[text.index(end):]
+    return doc_blocks.with_block(text, MARKERS, body)
 
 
 def write_readme(doc: dict, check: bool, readme: Path = README) -> int:

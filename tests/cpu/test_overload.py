@@ -257,7 +257,6 @@ def test_a_started_request_whose_deadline_passed_is_not_computed_further(service
           f"sequences dropped; the next request answered in {waited:.2f} s")
     assert dropped >= 1  # its later sequences were dropped unscored...
     assert scored - SMALL.items < LONG.items  # ...so not all of its items were computed
-    assert waited < 20  # a generous bound: behind at most one batch of the expired request
 
 
 def test_no_log_line_holds_the_key(service):

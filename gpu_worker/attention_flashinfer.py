@@ -193,7 +193,7 @@ def run_paged(wrapper, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class FlashInferAttention:
-    """One per engine. `plan()` once per batch, then the model calls it once per layer.
+    """One per engine: plans each batch on its FlashInfer wrapper (FlashInferBatchAttention).
     `pool`: the prefix cache's K/V, [layers, slots, 2, Hkv, D], or None. `split_kv`: let
     FlashInfer split a small batch's K/V over more CTAs and merge the parts, a summation order
     that follows the batch (False where scores are deterministic, docs/ARCHITECTURE.md,
@@ -216,12 +216,11 @@ class FlashInferAttention:
             require_fields(self.wrapper, ("_qo_indptr_buf",), "Deterministic scores",
                            "engine.deterministic: false")
         self._fence = _PlanFence()
-        self.gather: torch.Tensor | None = None  # the batch's pool slots (cached_gather)
+        self.plans = 0  # plan() calls so far: the wrapper holds the last one's
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
              cached_slots: list[Sequence[int] | None] | None = None
-             ) -> tuple[torch.Tensor, ...]:
-        """Plan the batch; returns the tensors that must stay alive until the batch finished."""
+             ) -> FlashInferBatchAttention:
         gather, cached_rows = cached_gather(sum(seq.num_tokens for seq in sequences),
                                             cached_slots or [None] * len(sequences))
         qo_indptr, kv_indptr, kv_indices = paged_layout(sequences, cached_rows)
@@ -234,24 +233,43 @@ class FlashInferAttention:
         if added:
             hide_tile_request(self.wrapper, rows)
         self._fence.issued()
-        self.gather = None
+        self.plans += 1
+        gather_gpu = None
         if gather:
             host = torch.frombuffer(gather, dtype=torch.int32).pin_memory()
-            self.gather = host.to(self.device, non_blocking=True)
-            keep += (host, self.gather)
-        return keep
+            gather_gpu = host.to(self.device, non_blocking=True)
+            keep += (host, gather_gpu)
+        return FlashInferBatchAttention(self, self.plans, gather_gpu, keep)
+
+
+class FlashInferBatchAttention:
+    """One batch's attention on its backend's wrapper, called once per layer. A FlashInfer
+    wrapper holds one plan at a time, so this one runs only until the backend plans the next
+    batch: the engine queues a batch's whole forward before it plans another, and a call after
+    that is refused, never run on another batch's plan. `gather`: the pool slots of the
+    batch's cached query rows (cached_gather), or None; `keep_alive`: the tensors the kernels
+    read until the batch finished."""
+
+    def __init__(self, backend: FlashInferAttention, plan: int, gather: torch.Tensor | None,
+                 keep_alive: tuple[torch.Tensor, ...]) -> None:
+        self.backend, self.number = backend, plan
+        self.gather = gather
+        self.keep_alive = keep_alive
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
+        if self.number != self.backend.plans:
+            raise RuntimeError("this batch's attention plan was replaced by a later batch's")
+        wrapper = self.backend.wrapper
         if self.gather is None:
-            return run_paged(self.wrapper, q, k, v)
+            return run_paged(wrapper, q, k, v)
         # The batch's K/V, then the cached rows it reads: [T + C, 2, Hk, D], one copy each.
         rows = k.shape[0]
         kv = torch.empty((rows + len(self.gather), 2, *k.shape[1:]), dtype=k.dtype,
                          device=k.device)
         kv[:rows] = kv_pair(k, v)
-        torch.index_select(self.pool[layer], 0, self.gather, out=kv[rows:])
-        return run_paged(self.wrapper, q, kv[:, 0], kv[:, 1])
+        torch.index_select(self.backend.pool[layer], 0, self.gather, out=kv[rows:])
+        return run_paged(wrapper, q, kv[:, 0], kv[:, 1])
 
 
 class FlashInferGraphAttention:
@@ -264,6 +282,8 @@ class FlashInferGraphAttention:
     and, given the same row total and request count, plans the same tiles, so the launch
     arguments captured once stay valid; only the buffers change. Nothing reads the padding rows.
     Batches that use the prefix cache run eagerly (docs/ARCHITECTURE.md, "Prefix cache").
+    The object itself is the attention of the ForwardBatch its graph was captured on: plan()
+    rewrites those buffers for each batch that replays it.
     """
 
     def __init__(self, cfg: ModelConfig, device: torch.device, tokens: int,
@@ -288,6 +308,8 @@ class FlashInferGraphAttention:
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype
              ) -> tuple[torch.Tensor, ...]:
+        """Write the batch's layout into the graph's buffers; returns the tensors that must stay
+        alive until the batch finished."""
         qo_indptr, kv_indptr, kv_indices = paged_layout(sequences)
         kv_indices.extend(row_indices(qo_indptr[-1], self.tokens))  # the padding request
         qo_indptr.append(self.tokens)

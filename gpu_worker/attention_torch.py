@@ -38,21 +38,16 @@ def block_mask(prefix: int, rows: int) -> torch.Tensor:
 
 
 class TorchAttention:
-    """`plan()` once per batch (its SDPA calls and their masks), then called once per layer.
-    `pool`: the prefix cache's K/V, [layers, slots, 2, Hkv, D], or None."""
+    """Plans a batch's SDPA calls and their masks (TorchBatchAttention). `pool`: the prefix
+    cache's K/V, [layers, slots, 2, Hkv, D], or None."""
 
     def __init__(self, device: torch.device, pool: torch.Tensor | None = None) -> None:
         self.device = device
         self.pool = pool
-        # One SDPA call each: its rows [start, end), the query rows it also sees (an empty
-        # range for none), its mask (None: causal), the pool slots of the cached query rows it
-        # sees first (None: none).
-        self.calls: list[tuple[range, range, torch.Tensor | None, torch.Tensor | None]] = []
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             cached_slots: list[Sequence[int] | None] | None = None) -> tuple[torch.Tensor, ...]:
-        """Returns the tensors the batch needs until it finished (masks and slot indices)."""
-        self.calls, start = [], 0
+             cached_slots: list[Sequence[int] | None] | None = None) -> TorchBatchAttention:
+        calls, start = [], 0
         masks: dict[tuple[int, int], torch.Tensor] = {}  # by (prefix, rows)
         for seq, slots in zip(sequences, cached_slots or [None] * len(sequences), strict=True):
             # A sequence reading the prefix cache sees its cached query rows first, then the
@@ -69,11 +64,23 @@ class TorchAttention:
                     if (prefix, rows) not in masks:
                         masks[prefix, rows] = block_mask(prefix, rows).to(self.device)
                     mask = masks[prefix, rows]
-                self.calls.append((range(start + block_start, start + block_end),
-                                   range(start, start + query), mask, pool_slots))
+                calls.append((range(start + block_start, start + block_end),
+                              range(start, start + query), mask, pool_slots))
                 block_start = block_end
             start += seq.num_tokens
-        return tuple(t for call in self.calls for t in call[2:] if t is not None)
+        return TorchBatchAttention(calls, self.pool)
+
+
+class TorchBatchAttention:
+    """One batch's attention, called once per layer: one SDPA call each of `calls`, (its rows
+    [start, end), the query rows it also sees (an empty range for none), its mask (None:
+    causal), the pool slots of the cached query rows it sees first (None: none))."""
+
+    def __init__(self, calls: list[tuple[range, range, torch.Tensor | None,
+                                         torch.Tensor | None]],
+                 pool: torch.Tensor | None) -> None:
+        self.calls = calls
+        self.pool = pool
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ pinned buffer, after `done` is recorded; finish() is the only place that waits o
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,12 +18,13 @@ import torch
 
 from gpu_worker.attention_flashinfer import FlashInferAttention
 from gpu_worker.attention_torch import TorchAttention
+from gpu_worker.forward_batch import ForwardBatch, LoraRows, lora_runs, lora_slot_lists
 from gpu_worker.fp8 import check_fp8_device, quantize_model
 from gpu_worker.graphs import CudaGraphs
 from gpu_worker.heads import AdapterHeads, SequenceClassifierForScoring
 from gpu_worker.host_tensors import padded_int64_tensor
 from gpu_worker.loader import load_model
-from gpu_worker.lora import Adapter, LoraBatch, lora_linears
+from gpu_worker.lora import Adapter, lora_linears
 from gpu_worker.model import AttentionBackend, CausalLMForScoring, Linear
 from gpu_worker.ops import CudaOps, TorchOps
 from gpu_worker.prefix_cache import CachePlan, InsertingAttention, PrefixCache
@@ -48,7 +50,7 @@ class Step:
     """A launched batch. NOTE: owns every host and device tensor of the batch until finished,
     so no pinned source is freed (and reused) while its copy may still be running."""
 
-    keep_alive: tuple[torch.Tensor, ...]
+    keep_alive: tuple[object, ...]  # tensors, and the ForwardBatch that holds the rest
     out_cpu: torch.Tensor  # [N] fp32 label log-probs, flat in sequence/item/label order
     done: torch.cuda.Event | None  # None on CPU: the work already ran
     items_and_labels: list[tuple[int, int]]  # per sequence: how finish() splits out_cpu
@@ -104,23 +106,20 @@ class Engine:
         self.adapters: list[Adapter | None] = []
         self._adapter_keys: list[bytes] = []  # per slot: whose K/V the prefix cache keeps
         self._loads = 0
-        self.lora: LoraBatch | None = None
         self._lora_linears: dict = {}  # (layer, packed linear name) -> its LoraLinear
         self.max_rank = 0
         if lora is not None:
-            self.lora = LoraBatch()
             # the Triton kernels (gpu_worker/lora_kernel.py) where the fused gate/up kernel
             # runs (its tiles, Hopper); elsewhere LoraLinear's slice path only
-            self._lora_linears = lora_linears(model, self.lora, lora.slots, lora.max_rank,
+            self._lora_linears = lora_linears(model, lora.slots, lora.max_rank,
                                               self.ops.fused_gate_up)
             self.adapters = [None] * lora.slots
             if isinstance(model, SequenceClassifierForScoring):  # adapters may bring heads
-                model.adapter_heads = AdapterHeads(model.score.weight, lora.slots, self.lora)
+                model.adapter_heads = AdapterHeads(model.score.weight, lora.slots)
             self._adapter_keys = [b""] * lora.slots
             self.max_rank = lora.max_rank
+        # every batch with an adapter through the kernels (LoraRows.kernels), or none
         self._lora_kernels = any(x.kernels for x in self._lora_linears.values())
-        if self.lora is not None:  # every batch with an adapter (gpu_worker/lora.py, LoraBatch)
-            self.lora.kernels = self._lora_kernels
         # LoRA graphs need every linear on the kernels: a graph's rows name their slots
         lora_graphs = self._lora_kernels and all(x.kernels for x in self._lora_linears.values())
         if cfg.deterministic and (fused or device.type == "cpu"):
@@ -134,7 +133,7 @@ class Engine:
                     if module.in_features > module.out_features:
                         module.chunk_rows = CPU_CHUNK_ROWS
         self.graphs = (CudaGraphs(model, self.ops, list(cfg.cuda_graphs.token_buckets),
-                                  self.dtype, device, self.lora if lora_graphs else None)
+                                  self.dtype, device, lora_graphs)
                        if cfg.cuda_graphs.enabled else None)
 
     def put_adapter(self, slot: int, adapter: Adapter) -> None:
@@ -191,14 +190,17 @@ class Engine:
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
                *, eager: bool = False, use_cache: bool = True,
-               adapters: list[int] | None = None) -> Step:
+               adapters: list[int] | None = None,
+               abandoned: Callable[[], bool] | None = None) -> Step:
         """Queue the batch's forward; each sequence is scored on its own label ids. A batch
         that fits a captured CUDA graph replays it, busy or idle (docs/ARCHITECTURE.md, "CUDA
         graphs"); `eager`: never (start-up probes, and tests comparing the two).
         `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache.
         `adapters`: per sequence, the slot of its LoRA adapter (put_adapter; 0 the base); a batch
         with any runs eagerly unless the graphs were captured with LoRA (on Hopper). The prefix
-        cache keeps an adapter's K/V apart from the base's and every other adapter's."""
+        cache keeps an adapter's K/V apart from the base's and every other adapter's.
+        `abandoned`: on the CPU, asked before each layer; True stops the batch with
+        BatchAbandoned (gpu_worker/scheduler.py). A CUDA forward is only queued here."""
         with_lora = adapters is not None and any(adapters)
         if with_lora and any(slot and (slot > len(self.adapters) or self.adapters[slot - 1]
                                        is None) for slot in adapters):
@@ -207,7 +209,9 @@ class Engine:
         eager = eager or (with_lora and not (self.graphs is not None and self.graphs.lora))
         plan = self.plan(sequences, label_ids_per_sequence, eager, use_cache,
                          adapters if with_lora else None)
-        return self._replay(plan) if plan.graph is not None else self._run_eager(plan)
+        if plan.graph is not None:
+            return self._replay(plan)
+        return self._run_eager(plan, None if self.asynchronous else abandoned)
 
     def plan(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
              eager: bool = False, use_cache: bool = True,
@@ -233,76 +237,55 @@ class Engine:
     def _replay(self, plan: BatchPlan) -> Step:
         out, keep = self.graphs.launch(plan.graph, plan.sequences,
                                        *_host_metadata(plan.sequences, plan.label_ids),
-                                       lora_slots=(self._lora_slot_lists(plan)
+                                       lora_slots=(lora_slot_lists(plan.sequences, plan.adapters)
                                                    if plan.adapters else None))
         return self._read_back(out, keep, plan.items_and_labels)
 
-    def _run_eager(self, plan: BatchPlan) -> Step:
+    def _run_eager(self, plan: BatchPlan, abandoned: Callable[[], bool] | None) -> Step:
+        batch, host = self._forward_batch(plan)
+        batch.abandoned = abandoned
+        try:
+            with torch.inference_mode():
+                out = self.model(batch, self.ops)
+        except BaseException:
+            if plan.cache is not None:  # its new entries were never filled: no later batch may hit
+                self.prefix_cache.forget(plan.cache)
+            raise
+        if self.device.type != "cuda":
+            return Step((host, batch), out, None, plan.items_and_labels)
+        return self._read_back(out, (host, batch), plan.items_and_labels)
+
+    def _forward_batch(self, plan: BatchPlan) -> tuple[ForwardBatch, torch.Tensor]:
+        """The batch's ForwardBatch (its inputs queued to the device in one copy, its attention
+        planned) and the host tensor of that copy, which must stay alive until it finished."""
         cache = plan.cache
         input_ids, positions, score_rows, label_rows, label_ids = _host_metadata(
             plan.sequences, plan.label_ids)
-        on_cuda = self.device.type == "cuda"
-        if self.lora is not None:
-            self._set_lora_batch(plan)
+        kernel_slots = plan.adapters is not None and self._lora_kernels
         # [T], [T], [R], [N], [N], then the rows and slots the cache inserts (empty without),
         # then each token's and each score row's adapter slot for the LoRA kernels (else empty)
         lists = (input_ids, positions, score_rows, label_rows, label_ids,
                  *((cache.insert_rows, cache.insert_slots) if cache else ([], [])),
-                 *(self._lora_slot_lists(plan) if self._lora_kernels else ([], [])))
+                 *(lora_slot_lists(plan.sequences, plan.adapters) if kernel_slots
+                   else ([], [])))
         sizes = [len(x) for x in lists]
-        host = padded_int64_tensor(list(zip(lists, sizes)), pin=on_cuda)  # one copy for all
+        host = padded_int64_tensor(list(zip(lists, sizes)),  # one copy for all
+                                   pin=self.device.type == "cuda")
         dev = host.to(self.device, non_blocking=True)
         (ids, pos, rows, label_rows_dev, label_ids_dev, insert_rows, insert_slots,
          token_slots, row_slots) = dev.split(sizes)
-        if self.lora is not None:
-            self.lora.token_slots, self.lora.row_slots = token_slots, row_slots
-        plan_tensors = self.attention.plan(plan.sequences, self.dtype,
-                                           cache.cached_slots if cache else None)
-        attend = (InsertingAttention(self.attention, self.prefix_cache.kv, insert_rows,
-                                     insert_slots) if cache and cache.insert_rows
-                  else self.attention)
-        try:
-            with torch.inference_mode():
-                hidden = self.model.model(ids, pos, rows, self.ops, attend)
-                out = self.model.label_logprobs(hidden, label_rows_dev, label_ids_dev,
-                                                self.ops)
-        except BaseException:
-            if cache is not None:  # its new entries were never filled: no later batch may hit
-                self.prefix_cache.forget(cache)
-            raise
-        if not on_cuda:
-            return Step((host, *plan_tensors), out, None, plan.items_and_labels)
-        return self._read_back(out, (host, dev, *plan_tensors), plan.items_and_labels)
-
-    def _set_lora_batch(self, plan: BatchPlan) -> None:
-        """Point the LoraLinears at this batch's adapters: runs of consecutive tokens and score
-        rows of one adapter (gpu_worker/lora.py, LoraBatch)."""
-        self.lora.tokens, self.lora.rows = [], []
-        if plan.adapters is None:
-            return
-        token_at = row_at = 0
-        for seq, slot in zip(plan.sequences, plan.adapters, strict=True):
-            n_rows = len(seq.score_rows)
-            if slot:
-                for runs, start, n in ((self.lora.tokens, token_at, seq.num_tokens),
-                                       (self.lora.rows, row_at, n_rows)):
-                    if runs and runs[-1][0] == slot and runs[-1][2] == start:
-                        runs[-1] = (slot, runs[-1][1], start + n)  # continues the last run
-                    else:
-                        runs.append((slot, start, start + n))
-            token_at += seq.num_tokens
-            row_at += n_rows
-
-    @staticmethod
-    def _lora_slot_lists(plan: BatchPlan) -> tuple[list[int], list[int]]:
-        """Each token's and each score row's adapter slot (0: the model alone)."""
-        if plan.adapters is None:
-            return [], []
-        tokens, rows = [], []
-        for seq, slot in zip(plan.sequences, plan.adapters, strict=True):
-            tokens += [slot] * seq.num_tokens
-            rows += [slot] * len(seq.score_rows)
-        return tokens, rows
+        attention = self.attention.plan(plan.sequences, self.dtype,
+                                        cache.cached_slots if cache else None)
+        if cache and cache.insert_rows:
+            attention = InsertingAttention(attention, self.prefix_cache.kv, insert_rows,
+                                           insert_slots)
+        lora = None
+        if plan.adapters is not None:  # the LoRA path, decided here for the whole batch
+            lora = LoraRows(*lora_runs(plan.sequences, plan.adapters),
+                            kernels=self._lora_kernels, token_slots=token_slots,
+                            row_slots=row_slots)
+        return ForwardBatch(ids, pos, rows, label_rows_dev, label_ids_dev, attention,
+                            lora), host
 
     @staticmethod
     def _read_back(out: torch.Tensor, keep: tuple[torch.Tensor, ...],

@@ -101,14 +101,15 @@ class Fp8Linear(nn.Module):
         """The norm writes the quantized rows itself (one kernel on CudaOps)."""
         return ops.add_rms_norm_fp8(x, residual, norm.weight, norm.eps)
 
-    def swiglu(self, x: QuantizedRows, down: Linear | Fp8Linear, ops: Ops):
+    def swiglu(self, x: QuantizedRows, down: Linear | Fp8Linear, ops: Ops, lora=None):
         return down.swiglu_rows(self(x), ops)
 
     def swiglu_rows(self, gate_up: torch.Tensor, ops: Ops) -> QuantizedRows:
         """SiLU(gate) * up, quantized in the same kernel."""
         return self.quantize_silu_mul(gate_up)
 
-    def forward(self, rows: QuantizedRows) -> torch.Tensor:
+    def forward(self, rows: QuantizedRows, lora=None) -> torch.Tensor:
+        """`lora`: unused here (an Fp8LoraLinear's, gpu_worker/lora.py)."""
         q, scale = rows
         if q.is_cuda:
             return torch._scaled_mm(q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale,

@@ -9,8 +9,10 @@ entries point at row 0 / token 0, and only the first N outputs are read back. De
 positions come from the ingress, never from token values, so padding cannot create false item
 boundaries. Larger batches run eagerly (docs/ARCHITECTURE.md, "CUDA graphs").
 
-With LoRA adapter slots (gpu_worker/lora.py), each bucket is captured twice on the same inputs:
-as the model alone, which batches of the model alone replay, and through the LoRA kernels
+Each graph is captured on a ForwardBatch (gpu_worker/forward_batch.py) over fixed input tensors:
+a replay copies the batch's inputs into them and rewrites the attention's buffers. With LoRA
+adapter slots (gpu_worker/lora.py), each bucket is captured twice on the same inputs: as the
+model alone, which batches of the model alone replay, and through the LoRA kernels
 (gpu_worker/lora_kernel.py), whose inputs include each token's and each score row's slot
 (padding: 0, none), which any batch with an adapter replays.
 """
@@ -28,8 +30,8 @@ from gpu_worker.attention_flashinfer import (
     FlashInferGraphAttention,
     widest_tile_above,
 )
+from gpu_worker.forward_batch import ForwardBatch, LoraRows
 from gpu_worker.host_tensors import padded_int64_tensor
-from gpu_worker.lora import LoraBatch
 from gpu_worker.model import CausalLMForScoring, Ops
 from ranker_contract.packing import PackedSequence
 
@@ -55,10 +57,9 @@ class _Graph:
 
 class CudaGraphs:
     def __init__(self, model: CausalLMForScoring, ops: Ops, token_buckets: list[int],
-                 dtype: torch.dtype, device: torch.device, lora: LoraBatch | None = None
-                 ) -> None:
-        """`lora`: the LoraBatch of the model's LoraLinears, every one of them on the kernels
-        (`lora.kernels`); None: no LoRA graphs."""
+                 dtype: torch.dtype, device: torch.device, lora: bool = False) -> None:
+        """`lora`: also capture each bucket through the LoRA kernels (every LoRA linear of the
+        model has them)."""
         started = time.perf_counter()
         free_before, _ = torch.cuda.mem_get_info()
         self.dtype = dtype
@@ -85,7 +86,7 @@ class CudaGraphs:
         self.graphs.sort(key=lambda g: (g.tokens, g.rows))
         torch.cuda.synchronize()
         used = free_before - torch.cuda.mem_get_info()[0]
-        self.lora = lora is not None
+        self.lora = lora
         logger.info("captured %d CUDA graphs (token buckets %s, row buckets %s%s) in %.1f s, "
                     "%.0f MiB", len(self.graphs), sorted(token_buckets), ROW_BUCKETS,
                     ", each also with LoRA" if lora else "", time.perf_counter() - started,
@@ -120,17 +121,14 @@ class CudaGraphs:
 
 def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAttention,
              tokens: int, rows: int, dtype: torch.dtype, pool, device: torch.device,
-             lora: LoraBatch | None) -> _Graph:
+             lora: bool) -> _Graph:
     labels = rows * LABELS_PER_ROW
     sizes = [tokens, tokens, rows, labels, labels] + ([tokens, rows] if lora else [])
     meta = torch.zeros(sum(sizes), dtype=torch.int64, device=device)
     ids, positions, score_rows, label_rows, label_ids, *slots = meta.split(sizes)
     # all padding: the shapes are what matter
     attention.plan([], dtype)
-
-    def forward() -> torch.Tensor:
-        hidden = model.model(ids, positions, score_rows, ops, attention)
-        return model.label_logprobs(hidden, label_rows, label_ids, ops)
+    alone = ForwardBatch(ids, positions, score_rows, label_rows, label_ids, attention)
 
     def capture(run) -> torch.cuda.CUDAGraph:
         side = torch.cuda.Stream()  # warm-up (Triton/JIT compiles, allocator) off the capture
@@ -150,16 +148,15 @@ def _capture(model: CausalLMForScoring, ops: Ops, attention: FlashInferGraphAtte
     captured = {}  # the output of the forward the graph holds
 
     def the_model_alone() -> None:
-        captured["out"] = forward()
+        captured["out"] = model(alone, ops)
 
     graph = capture(the_model_alone)
     out = captured["out"]
     lora_graph = None
-    if lora is not None:  # the same inputs and output, every linear through the kernels
-        lora.capturing = True
-        lora.token_slots, lora.row_slots = slots
-        try:
-            lora_graph = capture(lambda: out.copy_(forward()))
-        finally:
-            lora.capturing = False
+    if lora:  # the same inputs and output, every linear through the kernels
+        token_slots, row_slots = slots
+        with_lora = ForwardBatch(ids, positions, score_rows, label_rows, label_ids, attention,
+                                 LoraRows(kernels=True, token_slots=token_slots,
+                                          row_slots=row_slots, any_slot=True))
+        lora_graph = capture(lambda: out.copy_(model(with_lora, ops)))
     return _Graph(tokens, rows, labels, attention, meta, out, graph, lora_graph)

@@ -3,7 +3,7 @@ CausalLMForScoring, with HF's `score` head [num_labels, hidden] at the score row
 the LM head (docs/ARCHITECTURE.md, "Classification heads").
 
 HF pools each sequence at its last token, so the head at an item's score row gives what HF
-computes for query + item alone. The engine's contract is unchanged: `label_logprobs` returns
+computes for query + item alone. The engine's contract is unchanged: the forward returns
 one fp32 value per (score row, label id); for a classifier the label ids are class indices and
 the value is that class's logit (nothing over the vocabulary, no normalisation).
 """
@@ -16,6 +16,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from gpu_worker.forward_batch import ForwardBatch, LoraRows
 from gpu_worker.model import CausalLMForScoring, DecoderModel
 from ranker_contract.config import RerankPrompt
 from ranker_contract.model_config import ModelConfig
@@ -24,31 +25,32 @@ from ranker_contract.model_config import ModelConfig
 class AdapterHeads:
     """The classification heads of a classifier's LoRA adapters (peft's `modules_to_save`), in
     fp32: slot s's at s, slot 0 the model's own; a slot whose adapter brings none holds the
-    model's. `batch` is the engine's LoraBatch (gpu_worker/lora.py): the rows of an adapter's
-    run read its slot's head; where each row's slot is on the device (a CUDA graph, the LoRA
-    kernels) every row picks its own, from one GEMM over all the heads (a few classes each)."""
+    model's. Which rows read which adapter is the batch's (LoraRows, gpu_worker/forward_batch.py):
+    the rows of an adapter's run read its slot's head; where each row's slot is on the device (a
+    CUDA graph, the LoRA kernels) every row picks its own, from one GEMM over all the heads (a
+    few classes each)."""
 
-    def __init__(self, head: torch.Tensor, slots: int, batch) -> None:
+    def __init__(self, head: torch.Tensor, slots: int) -> None:
         self.weights = head.detach().float().unsqueeze(0).repeat(slots + 1, 1, 1)  # [S+1, C, H]
-        self.batch = batch
 
     def put(self, slot: int, head: torch.Tensor | None) -> None:
         """Queued on the stream after every batch launched before, as LoraLinear.put."""
         self.weights[slot].copy_(self.weights[0] if head is None else head, non_blocking=True)
 
-    def in_use(self) -> bool:
-        return self.batch.capturing or bool(self.batch.rows)
+    @staticmethod
+    def in_use(lora: LoraRows | None) -> bool:
+        return lora is not None and (lora.any_slot or bool(lora.row_runs))
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, lora: LoraRows) -> torch.Tensor:
         """[R, C] fp32 logits of the score rows, each row's by its adapter's head."""
         h = hidden.float()
-        if self.batch.capturing or self.batch.kernels:
-            slots, classes = self.batch.row_slots, self.weights.shape[1]
+        if lora.any_slot or lora.kernels:
+            slots, classes = lora.row_slots, self.weights.shape[1]
             every = torch.nn.functional.linear(h, self.weights.flatten(0, 1))  # [R, (S+1) C]
             picked = slots[:, None] * classes + torch.arange(classes, device=h.device)
             return every.gather(1, picked)
         logits = torch.nn.functional.linear(h, self.weights[0])
-        for slot, start, end in self.batch.rows:
+        for slot, start, end in lora.row_runs:
             logits[start:end] = torch.nn.functional.linear(h[start:end], self.weights[slot])
         return logits
 
@@ -63,21 +65,17 @@ class SequenceClassifierForScoring(nn.Module):
         self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False)  # HF's name, no bias
         self.adapter_heads: AdapterHeads | None = None  # set by an engine with adapter slots
 
-    def label_logprobs(
-        self,
-        hidden: torch.Tensor,  # [R, hidden] at the score rows
-        label_rows: torch.Tensor,  # [N] int64: which score row each output belongs to
-        label_ids: torch.Tensor,  # [N] int64: which class
-        ops=None,  # unused: no normalisation over classes
-    ) -> torch.Tensor:
-        """[N] fp32 class logits gathered at (row, class). The head runs in fp32: it is
+    def forward(self, batch: ForwardBatch, ops) -> torch.Tensor:
+        """[N] fp32 class logits gathered at the batch's (label row, class) pairs (the label ids
+        are class indices; nothing is normalised over classes). The head runs in fp32: it is
         [R, hidden] x [hidden, classes], negligible next to the decoder, and a bf16 logit
         would round a reward to 3 significant digits."""
-        if self.adapter_heads is not None and self.adapter_heads.in_use():
-            logits = self.adapter_heads.logits(hidden)
+        hidden = self.model(batch, ops)  # [R, hidden] at the score rows
+        if self.adapter_heads is not None and self.adapter_heads.in_use(batch.lora):
+            logits = self.adapter_heads.logits(hidden, batch.lora)
         else:
             logits = torch.nn.functional.linear(hidden.float(), self.score.weight.float())
-        return logits[label_rows, label_ids]
+        return logits[batch.label_rows, batch.label_ids]
 
 
 def classifier_from_label_rows(lm: CausalLMForScoring, yes_id: int,

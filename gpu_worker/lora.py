@@ -17,13 +17,14 @@ AdapterHeads).
 
 `LoraLinear` applies the adapters of a batch beside the base weights (an engine built with
 adapter slots puts one in place of each float linear, an `Fp8LoraLinear` in place of each FP8
-one). Where the output is wider than the input (qkv, gate/up), an adapter's rows run one GEMM
-with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ, which costs copies of x and W;
-elsewhere (o, down) the delta is added to the output afterwards, which reads and writes the
-output once more: each picks the smaller tensor to move. That is the CPU's path and the
-kernels' reference: on Hopper every batch with an adapter runs through gpu_worker/lora_kernel.py
-instead, one path whatever the batch holds, so that a row's scores follow neither how many
-adapters its batch has nor whether a CUDA graph replays it (docs/ARCHITECTURE.md, "LoRA
+one); which rows read which adapter comes with each call, from the batch (LoraRows,
+gpu_worker/forward_batch.py). Where the output is wider than the input (qkv, gate/up), an adapter's
+rows run one GEMM with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ, which costs copies of x
+and W; elsewhere (o, down) the delta is added to the output afterwards, which reads and writes the
+output once more: each picks the smaller tensor to move. That is the CPU's path and the kernels'
+reference: on Hopper every batch with an adapter runs through gpu_worker/lora_kernel.py instead,
+one path whatever the batch holds, so that a row's scores follow neither how many adapters its
+batch has nor whether a CUDA graph replays it (docs/ARCHITECTURE.md, "LoRA
 adapters").
 """
 
@@ -39,6 +40,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from gpu_worker.forward_batch import LoraRows
 from gpu_worker.fp8 import Fp8Linear
 from gpu_worker.model import PACKED_MODULES, CausalLMForScoring, Linear
 from ranker_contract.model_config import ModelConfig, ModelFolderError
@@ -149,26 +151,6 @@ def _packed_pair(folder: Path, layer: int, packed: str, found: dict[int, dict[st
     return LoraPair(torch.cat(a_rows).to(device, dtype), b.to(device, dtype))
 
 
-class LoraBatch:
-    """Which rows of the running batch read which adapter, shared by every LoraLinear of one
-    engine and set by the engine before each forward: runs (slot, start, end) of consecutive
-    tokens of one adapter, and the same of score rows (what the last layer's o_proj and MLP
-    read). A batch sorted by adapter (the scheduler sorts it) has one run per adapter, which a
-    LoraLinear reads as slices, with no gather; base sequences are in no run and pay nothing.
-    `kernels` (set once by the engine, on Hopper): every batch runs through
-    gpu_worker/lora_kernel.py instead, reading each row's slot from `token_slots`/`row_slots`
-    (on a CUDA graph being captured, its inputs)."""
-
-    def __init__(self) -> None:
-        self.tokens: list[tuple[int, int, int]] = []
-        self.rows: list[tuple[int, int, int]] = []
-        self.kernels = False
-        self.capturing = False  # a CUDA graph: every row may name any slot at replay
-        # for the kernels: each token's and each score row's slot, on the device (0: none)
-        self.token_slots: torch.Tensor | None = None
-        self.row_slots: torch.Tensor | None = None
-
-
 def slot_rank(packed: str, max_rank: int) -> int:
     """The width of one packed linear's slots: the Σr of its parts at `max_rank`, aligned."""
     parts = len(PACKED_MODULES.get(packed, (packed,)))
@@ -183,16 +165,16 @@ class _LoraSlots:
     kernel serves them all. `reads_rows`: this linear sees the batch's score rows, not its
     tokens (the last layer's o_proj, gate/up and down: gpu_worker/model.py)."""
 
-    def _allocate_slots(self, batch: LoraBatch, reads_rows: bool, slots: int, rank: int,
+    def _allocate_slots(self, reads_rows: bool, slots: int, rank: int,
                         shape: tuple[int, int], dtype: torch.dtype, device: torch.device,
                         kernels: bool) -> None:
         out_features, in_features = shape
-        self.batch, self.reads_rows = batch, reads_rows
+        self.reads_rows = reads_rows
         self.lora_a = torch.zeros(slots, rank, in_features, dtype=dtype, device=device)
         self.lora_b = torch.zeros(slots, out_features, rank, dtype=dtype, device=device)
         self.used: set[int] = set()  # the slots whose adapter adapts this linear
-        # the Triton kernels (gpu_worker/lora_kernel.py) may run here; when they do is each
-        # class's _through_kernels_now
+        # the Triton kernels (gpu_worker/lora_kernel.py) divide this linear's shape; whether a
+        # batch runs them is the batch's (LoraRows.kernels)
         self.kernels = kernels
 
     def put(self, slot: int, pair: LoraPair | None) -> None:
@@ -214,40 +196,38 @@ class _LoraSlots:
         b[:, rank:].zero_()
         self.used.add(slot)
 
-    def _through_kernels_now(self) -> bool:
-        """The kernels where this linear has them, unless no run of the batch adapts it (a
-        graph being captured: any may at replay)."""
-        return self.kernels and (self.batch.capturing or bool(self._runs()))
+    def _through_kernels(self, lora: LoraRows) -> bool:
+        """The kernels where the batch runs them and this linear has them, unless no run of
+        the batch adapts it (a graph being captured: any may at replay)."""
+        return (lora.kernels and self.kernels
+                and (lora.any_slot or bool(self._runs(lora))))
 
-    def _row_slots(self) -> torch.Tensor:
-        """Each input row's slot, on the device (the kernels read them)."""
-        return self.batch.row_slots if self.reads_rows else self.batch.token_slots
-
-    def _runs(self) -> list[tuple[int, int, LoraPair]]:
+    def _runs(self, lora: LoraRows) -> list[tuple[int, int, LoraPair]]:
         """The batch's runs of rows this linear adapts: (start, end, the slot's pair)."""
-        runs = self.batch.rows if self.reads_rows else self.batch.tokens
         return [(start, end, LoraPair(self.lora_a[slot - 1], self.lora_b[slot - 1]))
-                for slot, start, end in runs if slot in self.used]
+                for slot, start, end in lora.runs(self.reads_rows) if slot in self.used]
 
 
 class LoraLinear(_LoraSlots, Linear):
     """A float decoder linear plus its engine's adapter slots (_LoraSlots): x Wᵀ (+ b), and for
     each run of one adapter's rows in the batch, (x Aᵀ) Bᵀ added to those rows."""
 
-    def __init__(self, linear: Linear, batch: LoraBatch, reads_rows: bool, slots: int,
-                 rank: int, kernels: bool = False) -> None:
+    def __init__(self, linear: Linear, reads_rows: bool, slots: int, rank: int,
+                 kernels: bool = False) -> None:
         Linear.__init__(self, linear.in_features, linear.out_features,
                         bias=linear.bias is not None, device="meta")
         self.weight, self.bias = linear.weight, linear.bias
-        self._allocate_slots(batch, reads_rows, slots, rank, tuple(linear.weight.shape),
+        self._allocate_slots(reads_rows, slots, rank, tuple(linear.weight.shape),
                              linear.weight.dtype, linear.weight.device, kernels)
         # K widened where the output is the larger tensor to move (the module docstring)
         self.widen = linear.out_features > linear.in_features
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._through_kernels_now():
-            return self._through_kernels(x, swiglu=False)
-        runs = self._runs()
+    def forward(self, x: torch.Tensor, lora: LoraRows | None = None) -> torch.Tensor:
+        if lora is None:
+            return super().forward(x)
+        if self._through_kernels(lora):
+            return self._kernels(x, lora, swiglu=False)
+        runs = self._runs(lora)
         if not runs:
             return super().forward(x)
         if not self.widen:
@@ -263,23 +243,25 @@ class LoraLinear(_LoraSlots, Linear):
                 torch.addmm(self.bias, rows, weight.t(), out=y[start:end])
         return y
 
-    def swiglu(self, x, down: Linear, ops):
+    def swiglu(self, x, down: Linear, ops, lora: LoraRows | None = None):
         """The base model's own (fused) path for each piece, widened for an adapter's rows;
         unfused where the delta is added after the GEMM (not widened)."""
-        if self._through_kernels_now():
-            return down.rows(self._through_kernels(x, swiglu=True))
-        runs = self._runs()
+        if lora is None:
+            return super().swiglu(x, down, ops)
+        if self._through_kernels(lora):
+            return down.rows(self._kernels(x, lora, swiglu=True))
+        runs = self._runs(lora)
         if not runs:
             return super().swiglu(x, down, ops)
         if not self.widen:
-            return down.rows(ops.silu_and_mul(self(x)))
+            return down.rows(ops.silu_and_mul(self(x, lora)))
         pieces = [ops.gate_up_silu(rows, weight) for *_, rows, weight in self._pieces(x, runs)]
         return down.rows(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
 
-    def _through_kernels(self, x: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    def _kernels(self, x: torch.Tensor, lora: LoraRows, swiglu: bool) -> torch.Tensor:
         from gpu_worker.lora_kernel import lora_add, lora_linear, lora_shrink
 
-        slots = self._row_slots()
+        slots = lora.slots(self.reads_rows)
         x = x.contiguous()
         t = lora_shrink(x, self.lora_a, slots)
         if not (self.widen or swiglu):  # a narrow output: cuBLAS, then the deltas in place
@@ -311,11 +293,11 @@ class Fp8LoraLinear(_LoraSlots, nn.Module):
     on slices (the CPU path and the kernels' reference). Its input form and the methods that
     make it are the FP8 linear's."""
 
-    def __init__(self, linear: Fp8Linear, batch: LoraBatch, reads_rows: bool, slots: int,
-                 rank: int, kernels: bool = False) -> None:
+    def __init__(self, linear: Fp8Linear, reads_rows: bool, slots: int, rank: int,
+                 kernels: bool = False) -> None:
         nn.Module.__init__(self)
         self.fp8 = linear
-        self._allocate_slots(batch, reads_rows, slots, rank, tuple(linear.weight.shape),
+        self._allocate_slots(reads_rows, slots, rank, tuple(linear.weight.shape),
                              linear.out_dtype, linear.weight.device, kernels)
 
     def rows(self, x: torch.Tensor):
@@ -324,33 +306,35 @@ class Fp8LoraLinear(_LoraSlots, nn.Module):
     def normed_rows(self, x, residual, norm, ops):
         return self.fp8.normed_rows(x, residual, norm, ops)
 
-    def swiglu(self, x, down, ops):
-        return down.swiglu_rows(self(x), ops)
+    def swiglu(self, x, down, ops, lora: LoraRows | None = None):
+        return down.swiglu_rows(self(x, lora), ops)
 
     def swiglu_rows(self, gate_up: torch.Tensor, ops):
         return self.fp8.swiglu_rows(gate_up, ops)
 
-    def forward(self, rows) -> torch.Tensor:
+    def forward(self, rows, lora: LoraRows | None = None) -> torch.Tensor:
         y = self.fp8(rows)
+        if lora is None:
+            return y
         q, scale = rows
-        if self._through_kernels_now():
+        if self._through_kernels(lora):
             from gpu_worker.lora_kernel import lora_add, lora_shrink
 
-            slots = self._row_slots()
+            slots = lora.slots(self.reads_rows)
             lora_add(y, lora_shrink(q, self.lora_a, slots, scale), self.lora_b, slots)
             return y
-        for start, end, pair in self._runs():
+        for start, end, pair in self._runs(lora):
             x = q[start:end].to(y.dtype) * scale[start:end].to(y.dtype)
             y[start:end].addmm_(x @ pair.a.t(), pair.b.t())
         return y
 
 
-def lora_linears(model: CausalLMForScoring, batch: LoraBatch, slots: int, max_rank: int,
+def lora_linears(model: CausalLMForScoring, slots: int, max_rank: int,
                  kernels: bool = False) -> dict[tuple[int, str], LoraLinear | Fp8LoraLinear]:
     """Put a LoraLinear (a float linear) or an Fp8LoraLinear (an FP8 one) with `slots` adapter
-    slots of rank up to `max_rank` in place of each decoder linear of `model`, sharing `batch`;
-    returns them by (layer, packed linear name). `kernels`: the Triton kernels
-    (gpu_worker/lora_kernel.py; CUDA, Hopper) for each linear whose shape their tiles divide."""
+    slots of rank up to `max_rank` in place of each decoder linear of `model`; returns them by
+    (layer, packed linear name). `kernels`: the Triton kernels (gpu_worker/lora_kernel.py; CUDA,
+    Hopper) for each linear whose shape their tiles divide."""
     if kernels:
         from gpu_worker.lora_kernel import fits
     layers = model.model.layers
@@ -364,10 +348,10 @@ def lora_linears(model: CausalLMForScoring, batch: LoraBatch, slots: int, max_ra
                 rank = slot_rank(name, max_rank)
                 if type(linear) is Fp8Linear:  # always cuBLAS (FP8), then the deltas added
                     n, k = linear.weight.shape
-                    lora = Fp8LoraLinear(linear, batch, reads_rows, slots, rank, kernels=kernels
+                    lora = Fp8LoraLinear(linear, reads_rows, slots, rank, kernels=kernels
                                          and fits(n, k, swiglu=False, add=True))
                 elif type(linear) is Linear:
-                    lora = LoraLinear(linear, batch, reads_rows, slots, rank, kernels=kernels
+                    lora = LoraLinear(linear, reads_rows, slots, rank, kernels=kernels
                                       and fits(linear.out_features, linear.in_features,
                                                swiglu=name == "gate_up_proj",
                                                add=(linear.out_features <= linear.in_features

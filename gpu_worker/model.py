@@ -2,9 +2,11 @@
 
 Parameter names are HF's, except the two packed projections that every serving engine uses:
 `qkv_proj` (q, k, v stacked) and `gate_up_proj` (gate, up stacked); the loader stacks them from
-the checkpoint (`PACKED_MODULES`). The model returns final hidden states only at the score rows;
-`label_logprobs` turns them into label log-probabilities. Element-wise ops come from `ops`
-(TorchOps or CudaOps, gpu_worker/ops.py) and attention from a backend that knows the packed layout.
+the checkpoint (`PACKED_MODULES`). The forward reads one ForwardBatch (gpu_worker/forward_batch.py:
+the inputs, the batch's planned attention, its adapters), passed explicitly down to every layer
+and linear; the decoder returns final hidden states only at the score rows and the head turns them
+into label log-probabilities. Element-wise ops come from `ops` (TorchOps or CudaOps,
+gpu_worker/ops.py).
 
 Each decoder linear's precision is fixed at load: a `Linear` here (bf16), or an `Fp8Linear`
 (gpu_worker/fp8.py) put in its place. Both read their input in their own form and say how the
@@ -19,6 +21,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from gpu_worker.forward_batch import BatchAttention, ForwardBatch, LoraRows
+from gpu_worker.scheduler import BatchAbandoned
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence
 
@@ -30,21 +34,16 @@ PACKED_MODULES = {
 
 
 class AttentionBackend(Protocol):
-    """TorchAttention (gpu_worker/attention_torch.py) or FlashInferAttention: plan once per
-    batch from the packing metadata, then one call per layer."""
+    """TorchAttention (gpu_worker/attention_torch.py) or FlashInferAttention: plans one
+    batch's attention from the packing metadata; the plan is the batch's (ForwardBatch.attention)
+    and is called once per layer."""
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
-             cached_slots: list[Sequence[int] | None] | None = None
-             ) -> tuple[torch.Tensor, ...]:
-        """Prepare the batch; returns tensors that must stay alive until it finished.
+             cached_slots: list[Sequence[int] | None] | None = None) -> BatchAttention:
+        """The batch's attention: q [T, Hq, D], k/v [T, Hkv, D] for the whole batch, and the
+        layer → [T, Hq, D]; it holds every tensor it needs until the batch finished.
         `cached_slots[i]`: the slots of the prefix cache's pool (given at construction)
-        holding sequence i's first query rows, which it does not compute, or None; the
-        sequences with some come first (gpu_worker/prefix_cache.py)."""
-        ...
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 layer: int) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] for the whole batch → [T, Hq, D]."""
+        holding sequence i's first query rows, which it does not compute, or None."""
         ...
 
 
@@ -73,7 +72,8 @@ class Linear(nn.Linear):
     min_rows = 1
     chunk_rows = 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: LoraRows | None = None) -> torch.Tensor:
+        """`lora`: the batch's adapters, which only a LoRA linear (gpu_worker/lora.py) reads."""
         return self._deterministic(super().forward, x)
 
     def _deterministic(self, fn, x: torch.Tensor) -> torch.Tensor:
@@ -97,7 +97,7 @@ class Linear(nn.Linear):
         """(rms_norm(x + residual) in this linear's input form, x + residual)."""
         return ops.add_rms_norm(x, residual, norm.weight, norm.eps)
 
-    def swiglu(self, x, down: Linear, ops: Ops):
+    def swiglu(self, x, down: Linear, ops: Ops, lora: LoraRows | None = None):
         """As the gate/up projection: SiLU(gate) * up of x, in `down`'s input form (one fused
         GEMM + SwiGLU on CudaOps when the batch is large)."""
         return down.rows(self._deterministic(
@@ -133,14 +133,14 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, positions, ops: Ops, attend: AttentionBackend, rows=None):
+    def forward(self, x, batch: ForwardBatch, ops: Ops, rows=None):
         """x: in qkv_proj's input form. `rows`: keep only these rows of the output (every row
         still serves as key/value)."""
-        q, k, v = ops.prepare_qkv(self.qkv_proj(x), positions, self)
-        out = attend(q, k, v, self.layer).reshape(q.shape[0], self.q_size)
+        q, k, v = ops.prepare_qkv(self.qkv_proj(x, batch.lora), batch.positions, self)
+        out = batch.attention(q, k, v, self.layer).reshape(q.shape[0], self.q_size)
         if rows is not None:
             out = out.index_select(0, rows)
-        return self.o_proj(self.o_proj.rows(out))
+        return self.o_proj(self.o_proj.rows(out), batch.lora)
 
 
 class MLP(nn.Module):
@@ -149,9 +149,9 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, ops: Ops) -> torch.Tensor:
+    def forward(self, x, ops: Ops, lora: LoraRows | None) -> torch.Tensor:
         """x: in gate_up_proj's input form."""
-        return self.down_proj(self.gate_up_proj.swiglu(x, self.down_proj, ops))
+        return self.down_proj(self.gate_up_proj.swiglu(x, self.down_proj, ops, lora), lora)
 
 
 class DecoderLayer(nn.Module):
@@ -162,7 +162,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, residual, positions, ops: Ops, attend: AttentionBackend, rows=None):
+    def forward(self, x, residual, batch: ForwardBatch, ops: Ops, rows=None):
         """x: the previous sublayer's output, added to `residual` here (fused with the norm).
         With `rows`, everything after attention runs on those rows only."""
         qkv_proj, norm = self.self_attn.qkv_proj, self.input_layernorm
@@ -171,12 +171,12 @@ class DecoderLayer(nn.Module):
             x = qkv_proj.rows(ops.rms_norm(x, norm.weight, norm.eps))
         else:
             x, residual = qkv_proj.normed_rows(x, residual, norm, ops)
-        x = self.self_attn(x, positions, ops, attend, rows)
+        x = self.self_attn(x, batch, ops, rows)
         if rows is not None:
             residual = residual.index_select(0, rows)
         x, residual = self.mlp.gate_up_proj.normed_rows(x, residual, self.post_attention_layernorm,
                                                         ops)
-        return self.mlp(x, ops), residual
+        return self.mlp(x, ops, batch.lora), residual
 
 
 class DecoderModel(nn.Module):
@@ -191,22 +191,16 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T] int64
-        positions: torch.Tensor,  # [T] int64
-        score_rows: torch.Tensor,  # [R] int64
-        ops: Ops,
-        attend: AttentionBackend,
-    ) -> torch.Tensor:
-        """Final-norm hidden states at the score rows: [R, hidden]."""
-        x, residual = self.embed_tokens(input_ids), None
+    def forward(self, batch: ForwardBatch, ops: Ops) -> torch.Tensor:
+        """Final-norm hidden states at the batch's score rows: [R, hidden]."""
+        x, residual = self.embed_tokens(batch.input_ids), None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
+            if batch.abandoned is not None and batch.abandoned():
+                raise BatchAbandoned(f"stopped before layer {i}: nobody waits for the batch")
             # Nothing reads the last layer's output at other rows: its o_proj, MLP and the
             # final norm run only at the score rows.
-            x, residual = layer(x, residual, positions, ops, attend,
-                                score_rows if i == last else None)
+            x, residual = layer(x, residual, batch, ops, batch.score_rows if i == last else None)
         x, _ = ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
         return x
 
@@ -220,14 +214,9 @@ class CausalLMForScoring(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def label_logprobs(
-        self,
-        hidden: torch.Tensor,  # [R, hidden] at the score rows
-        label_rows: torch.Tensor,  # [N] int64: which score row each output belongs to
-        label_ids: torch.Tensor,  # [N] int64: which vocabulary entry
-        ops: Ops,
-    ) -> torch.Tensor:
-        """[N] fp32 log-probabilities over the full vocabulary, gathered at (row, label)."""
-        logits = self.lm_head(hidden)  # [R, V]: lm_head only at the score rows
+    def forward(self, batch: ForwardBatch, ops: Ops) -> torch.Tensor:
+        """[N] fp32 log-probabilities over the full vocabulary, gathered at the batch's
+        (label row, label id) pairs."""
+        logits = self.lm_head(self.model(batch, ops))  # [R, V]: lm_head only at the score rows
         log_z = ops.log_sum_exp(logits)  # [R] fp32
-        return logits[label_rows, label_ids].float() - log_z[label_rows]
+        return logits[batch.label_rows, batch.label_ids].float() - log_z[batch.label_rows]

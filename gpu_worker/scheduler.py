@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 DoneCallback = Callable[[list[list[float]] | BaseException], None]
 
 
+class BatchAbandoned(Exception):
+    """A synchronous engine stopped computing a batch whose every caller went away."""
+
+
 class BatchEngine(Protocol):
     """The device side the loop drives (gpu_worker/engine.py::Engine; tests use a fake)."""
 
@@ -44,10 +48,13 @@ class BatchEngine(Protocol):
     asynchronous: bool
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, adapters: list[int] | None = None) -> Any:
+               *, adapters: list[int] | None = None,
+               abandoned: Callable[[], bool] | None = None) -> Any:
         """Queue one batch without waiting for it (another may still be running); returns its
         step. `adapters`: per sequence, its LoRA adapter's slot (0: the model itself); None when
-        no sequence has one."""
+        no sequence has one. `abandoned`: True once nobody waits for any of the batch's
+        results; a synchronous engine asks it as it computes and raises BatchAbandoned, so no
+        work is done behind an expired request."""
 
     def finish(self, step: Any) -> list[list[list[float]]]:
         """Wait for a launched step: per sequence, one row of label log-probs per item."""
@@ -200,6 +207,7 @@ class Scheduler:
         self._abandoned = Load()  # of those, the tasks whose caller went away (ScoreTask)
         self._inflight = Load()  # launched and not yet finished
         self.batches_run = 0
+        self.batches_abandoned = 0  # stopped part-way: every caller had gone (BatchAbandoned)
         self.cancelled_dropped = 0  # tasks skipped because their caller went away
         self.expired_dropped = 0  # tasks answered "overloaded": they waited past max_queue_wait_s
         # Tokens turned away (admission) or expired in the queue: demand the autoscaler must
@@ -420,7 +428,13 @@ class Scheduler:
                 batch[:] = [batch[k] for k in order]
                 adapters = [adapters[k] for k in order]
             step = self.engine.launch([t.sequence for t in batch], [t.label_ids for t in batch],
-                                      adapters=adapters if any(adapters) else None)
+                                      adapters=adapters if any(adapters) else None,
+                                      abandoned=lambda: all(t.cancelled() for t in batch))
+        except BatchAbandoned as exc:  # nobody reads its answers: not a failure to log
+            self.batches_abandoned += 1
+            self._record(batch, started, exc)
+            self._settle(batch, exc)
+            return None
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop
             logger.exception("launching a batch of %d sequences failed", len(batch))
             self._record(batch, started, exc)

@@ -99,10 +99,11 @@ class StepTimer:
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, adapters: list[int] | None = None) -> Step:
+               *, adapters: list[int] | None = None, abandoned=None) -> Step:
         started, done = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         started.record()
-        step = self.engine.launch(sequences, label_ids_per_sequence, adapters=adapters)
+        step = self.engine.launch(sequences, label_ids_per_sequence, adapters=adapters,
+                                  abandoned=abandoned)
         done.record()  # after everything launch() queued, like the step's own `done`
         self.events.append((started, done))
         return step
@@ -177,8 +178,8 @@ def attention_seconds(engine, sequences):
     """The engine's attention (FlashInfer, shipped settings) for one layer over `sequences`, median
     seconds."""
     cfg = engine.model.config
-    attn = engine.attention  # FlashInfer under the shipped engine settings
-    keep = attn.plan(sequences, torch.bfloat16)  # noqa: F841 - alive while timing
+    # FlashInfer under the shipped engine settings; the plan holds its tensors while timing
+    attn = engine.attention.plan(sequences, torch.bfloat16)
     t = sum(s.num_tokens for s in sequences)
     q = torch.randn(t, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(t, cfg.num_key_value_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)

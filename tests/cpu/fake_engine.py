@@ -4,8 +4,10 @@ no model, deterministic scores, and hooks to fail a batch or to hold it on the "
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpu_worker.scheduler import BatchAbandoned
 from ranker_contract.packing import PackedSequence
 
 HOLD_TIMEOUT_S = 30.0  # a held batch the test forgot to release fails instead of hanging
@@ -41,8 +43,11 @@ class FakeEngine:
         self.adapters: list[list[int] | None] = []  # the `adapters` of each launch
         self.events: list[tuple[str, int]] = []  # ("launch" | "finish", batch number), in order
         self.finishing = threading.Event()  # set once a finish() has begun
+        self.launching = threading.Event()  # set once a launch() has begun
         self._released = threading.Event()
         self._released.set()
+        self._launch_released = threading.Event()
+        self._launch_released.set()
 
     def hold(self) -> None:
         self._released.clear()
@@ -50,9 +55,26 @@ class FakeEngine:
     def release(self) -> None:
         self._released.set()
 
+    def hold_launch(self) -> None:
+        """A synchronous engine's launch() computes: keep it computing until release_launch(),
+        then ask `abandoned` as a real one does before its next layer."""
+        self._launch_released.clear()
+
+    def release_launch(self) -> None:
+        self._launch_released.set()
+
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, adapters: list[int] | None = None) -> FakeStep:
+               *, adapters: list[int] | None = None,
+               abandoned: Callable[[], bool] | None = None) -> FakeStep:
         number = len(self.batches)
+        self.launching.set()
+        if not self.asynchronous and abandoned is not None:  # computes as it is called
+            if not self._launch_released.wait(HOLD_TIMEOUT_S):
+                raise TimeoutError("the test never released its held launch")
+            if abandoned():
+                self.batches.append([id(seq) for seq in sequences])
+                self.events.append(("abandoned", number))
+                raise BatchAbandoned("nobody waits")
         self.batches.append([id(seq) for seq in sequences])
         self.on_device_at_launch.append(sum(kind == "launch" for kind, _ in self.events)
                                         - sum(kind == "finish" for kind, _ in self.events))

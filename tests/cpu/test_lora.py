@@ -229,7 +229,7 @@ class MergedFp8(Fp8Linear):
         super().__init__(fp8.weight, fp8.weight_scale, fp8.bias, fp8.out_dtype)
         self.delta = delta
 
-    def forward(self, rows):
+    def forward(self, rows, lora=None):  # a reference of the model alone: no adapters
         q, scale = rows
         weight = self.weight.float() * self.weight_scale.t() + self.delta
         return (q.float() * scale) @ weight.t()

@@ -204,7 +204,7 @@ def test_a_failed_batch_leaves_no_entry_behind(engines, monkeypatch):
         raise RuntimeError("CUDA out of memory (simulated)")
 
     with monkeypatch.context() as patch:
-        patch.setattr(engine.model, "label_logprobs", out_of_memory)
+        patch.setattr(engine.model.lm_head, "forward", out_of_memory)  # after the decoder
         with pytest.raises(RuntimeError, match="simulated"):
             score(engine, [first])
     stats = engine.prefix_cache.stats

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.scheduler import JobStart, QueueDepth, Scheduler, ScoreTask
+from gpu_worker.scheduler import BatchAbandoned, JobStart, QueueDepth, Scheduler, ScoreTask
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import PackedSequence, ScoreJob
@@ -117,6 +117,41 @@ def test_an_engine_that_computes_at_launch_is_finished_at_once(sequences):
     n = scheduler.batches_run
     assert n > 1
     assert fake.events == [(kind, k) for k in range(n) for kind in ("launch", "finish")]
+
+
+@pytest.mark.parametrize("callers_left", ["all", "one of two"])
+def test_a_computing_batch_stops_once_every_caller_has_gone(sequences, callers_left):
+    """The CPU computes a batch inside launch(): asked before each layer, it stops a batch
+    nobody waits for (a request expired while its batch ran), and the loop goes on with the
+    next one; a batch that one caller still waits for is computed to the end."""
+    fake = FakeEngine(asynchronous=False)
+    scheduler = Scheduler(fake, SchedulerConfig(max_batch_sequences=2),
+                          batch_token_budget=10_000)
+    gone = [threading.Event(), threading.Event()]
+    collector = Collector()
+    for i in range(2):
+        scheduler.submit(ScoreTask(sequences[i], LABELS, collector.callback(i),
+                                   cancelled=gone[i].is_set))
+    fake.hold_launch()
+    scheduler.start()
+    try:
+        assert fake.launching.wait(TIMEOUT_S)
+        for event in gone if callers_left == "all" else gone[:1]:
+            event.set()  # the caller went away while its batch computes
+        fake.release_launch()
+        scheduler.submit(ScoreTask(sequences[2], LABELS, collector.callback(2)))
+        results = collector.wait(3)
+    finally:
+        scheduler.stop()
+    assert results[2] == fake_scores(sequences[2], LABELS)  # the loop went on
+    if callers_left == "all":
+        assert fake.events[0] == ("abandoned", 0) and scheduler.batches_abandoned == 1
+        assert all(isinstance(results[i], BatchAbandoned) for i in range(2))
+    else:
+        assert fake.events[:2] == [("launch", 0), ("finish", 0)]
+        assert scheduler.batches_abandoned == 0
+        assert results[1] == fake_scores(sequences[1], LABELS)
+    assert scheduler.depth() == IDLE
 
 
 def test_batches_across_requests(sequences):

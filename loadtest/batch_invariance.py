@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from gpu_worker.engine import Engine
+from gpu_worker.forward.engine import Engine
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item
 from tools import git_commit

@@ -26,7 +26,7 @@ import psutil
 import pyarrow.parquet as pq
 import ray
 
-from gpu_worker.scheduler import Scheduler
+from gpu_worker.serving.scheduler import Scheduler
 from loadtest.bench_batch import ids_table
 from ranker_batch.job import read_input, score_dataset
 from ranker_batch.stages import Score
@@ -54,7 +54,7 @@ class NullScore(Score):
     """The job's Score stage with the scheduling loop driving NullEngine."""
 
     def __init__(self, config: dict, kind: str, id_column: str) -> None:
-        import gpu_worker.replica as replica
+        import gpu_worker.serving.replica as replica
 
         def start_scorer(app, scheduler):
             loop = Scheduler(NullEngine(), scheduler, batch_token_budget=65536)

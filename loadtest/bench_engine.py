@@ -8,8 +8,8 @@ Usage: python -m loadtest.bench_engine [--requests 512] [--model models/qwen3-0.
        [--commit SHA]
 
 Engine and scheduler are built from configs/score-gpu.yaml the way a scorer replica builds them
-(Engine.from_config, then the batch budget from gpu_worker/startup.py::measure_budget); --model
-and --budget (scheduler.max_batch_tokens; the YAML's by default) override it, and each mode
+(Engine.from_config, then the batch budget from gpu_worker/forward/startup.py::measure_budget);
+--model and --budget (scheduler.max_batch_tokens; the YAML's by default) override it, and each mode
 changes one engine or scheduler setting of it. Workload (tools/workload.py, seed 0): per request a
 120-token query and 10 items of 180 tokens, random real-vocabulary ids, different per request,
 labels 9454/2753. All requests are queued to the scheduler, which packs them by its token budget;
@@ -56,11 +56,11 @@ from pathlib import Path
 
 import torch
 
-from gpu_worker.adapter_slots import AdapterSlots
-from gpu_worker.engine import Engine, Step
-from gpu_worker.lora import Adapter, LoraPair, load_adapter, part_sizes
-from gpu_worker.scheduler import Scheduler, ScoreTask
-from gpu_worker.startup import measure_budget
+from gpu_worker.forward.engine import Engine, Step
+from gpu_worker.forward.startup import measure_budget
+from gpu_worker.model.lora import Adapter, LoraPair, load_adapter, part_sizes
+from gpu_worker.serving.adapter_slots import AdapterSlots
+from gpu_worker.serving.scheduler import Scheduler, ScoreTask
 from loadtest.hf_baseline import HFBaseline
 from ranker_contract.config import EngineConfig, LoraConfig, SchedulerConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain

@@ -153,7 +153,7 @@ def run_routing(args: argparse.Namespace, command: str) -> dict:
 def run_engine(args: argparse.Namespace, command: str) -> list[dict]:
     import torch
 
-    from gpu_worker.engine import Engine
+    from gpu_worker.forward.engine import Engine
     from ranker_contract.packing import pack_request
     from tools.configs import shipped_app_config
 

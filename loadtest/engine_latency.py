@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_worker.engine import Engine
+from gpu_worker.forward.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_request
 from tools import RESULTS_DIR

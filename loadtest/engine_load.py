@@ -38,9 +38,9 @@ from pathlib import Path
 
 import torch
 
-from gpu_worker.engine import Engine, Step
-from gpu_worker.scheduler import Scheduler
-from gpu_worker.startup import measure_budget
+from gpu_worker.forward.engine import Engine, Step
+from gpu_worker.forward.startup import measure_budget
+from gpu_worker.serving.scheduler import Scheduler
 from loadtest.bench_engine import run_scheduler
 from ranker_contract.packing import PackedSequence, ScoreJob, pack_multi_item
 from tools import RESULTS_DIR, git_commit

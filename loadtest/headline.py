@@ -301,8 +301,8 @@ def service_logs(running: Running, path: Path) -> None:
 
 
 def start_breakdown(apps: list[App]) -> dict:
-    """Where each scorer's start went, from gpu_worker/startup.py's log lines: they reach the
-    stderr file of the replica's worker process, which Ray heads with the actor's name."""
+    """Where each scorer's start went, from gpu_worker/forward/startup.py's log lines: they reach
+    the stderr file of the replica's worker process, which Ray heads with the actor's name."""
     logs = Path("/tmp/ray/session_latest/logs")
     out = {}
     for app in apps:

@@ -18,7 +18,7 @@ PREPARE_COMMAND = "python scripts/prepare_model.py  (or: bash scripts/setup.sh)"
 def build_app(args: AppConfig) -> Application:
     from ray.serve.config import RequestRouterConfig
 
-    from gpu_worker.deployment import ScoreWorker
+    from gpu_worker.serving.deployment import ScoreWorker
     from ranker_app.scorer_router import ScorerRouter
     from serve_app.ingress import ScoreIngress
 

@@ -4,8 +4,8 @@
   packed by the service's own request path (serve_app/requests.py), pickled into `_request`;
   or the API's 4xx message in `error`.
 - `Score` (one actor per GPU): the prepared rows through the scorer's engine and scheduling loop
-  (gpu_worker/replica.py), all of a batch's rows in flight at once, so the loop packs them into
-  full batches; then the API's answer of each row as output columns.
+  (gpu_worker/serving/replica.py), all of a batch's rows in flight at once, so the loop packs them
+  into full batches; then the API's answer of each row as output columns.
 
 Both are 1:1 and deterministic in their row count, which is what lets Ray Data retry a block on
 a restarted actor without losing or repeating rows.
@@ -60,7 +60,7 @@ class Prepare:
 
 class Score:
     def __init__(self, config: dict, kind: str, id_column: str) -> None:
-        from gpu_worker.replica import start_scorer
+        from gpu_worker.serving.replica import start_scorer
         from serve_app.requests import RequestPath
 
         app = AppConfig.model_validate(config)

@@ -175,7 +175,7 @@ class EngineConfig(_Settings):
 
 class SchedulerConfig(_Settings):
     # A cap: the scorer measures free memory and passes the resolved count to its Scheduler as
-    # batch_token_budget (gpu_worker/startup.py::measure_budget).
+    # batch_token_budget (gpu_worker/forward/startup.py::measure_budget).
     max_batch_tokens: int = Field(8192, ge=0, description="cap on tokens per forward across "
                                   "requests; 0: derived from free GPU memory alone")
     max_batch_sequences: int = Field(256, gt=0)

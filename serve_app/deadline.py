@@ -5,7 +5,7 @@ Serve gives up on a request after `http_options.request_timeout_s`, or after the
 `x-request-timeout-seconds` header (0 or less: never), and then answers a plain-text 408 of its
 own. The ingress keeps the same deadline less a margin and answers first: a JSON 408 that says
 how to ask for more time. Its job's futures are cancelled on the way out, so the scorer drops
-the sequences still queued (gpu_worker/scheduler.py).
+the sequences still queued (gpu_worker/serving/scheduler.py).
 """
 
 from __future__ import annotations

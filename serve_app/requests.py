@@ -66,7 +66,8 @@ class RequestPath:
         # Routing keys only for queries the scorers would cache (None: no cache, no key).
         cache = config.engine.prefix_cache
         self.cacheable = (cache.min_tokens, cache.min_query_share) if cache.enabled else None
-        if config.rerank.classifier_from_labels:  # as the scorer loads it (gpu_worker/heads.py)
+        # as the scorer loads it (gpu_worker/model/heads.py)
+        if config.rerank.classifier_from_labels:
             model = model.with_label_head()
         self.score = ScoreRoute(self.limits, model.vocab_size, tokenizer, name, model.num_labels)
         # On a causal LM, a label that is not exactly one token fails the start, naming it; a

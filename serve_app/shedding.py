@@ -2,14 +2,14 @@
 control").
 
 The scorers decide what is too much: a job that could not start within
-`scheduler.max_queue_wait_s` at their measured throughput is refused (gpu_worker/scheduler.py).
-Far past capacity an ingress replica would still read, validate and tokenize every request only
-to hand back the scorers' 503, spending the CPU that the requests that do get in need. So each
-ingress replica keeps the share of its jobs the scorers refused over the last WINDOW_S and
-adjusts the share of new requests it answers 503 before reading them: up while the scorers
-refuse more than TARGET_REFUSED_SHARE of what reaches them (so they stay full: goodput), down by
-DECAY on each update where they refuse nothing (gently: a sharp drop overshoots, floods the
-scorers and makes the share swing). It follows the scorers actually running (more of them
+`scheduler.max_queue_wait_s` at their measured throughput is refused
+(gpu_worker/serving/scheduler.py). Far past capacity an ingress replica would still read, validate
+and tokenize every request only to hand back the scorers' 503, spending the CPU that the requests
+that do get in need. So each ingress replica keeps the share of its jobs the scorers refused over
+the last WINDOW_S and adjusts the share of new requests it answers 503 before reading them: up
+while the scorers refuse more than TARGET_REFUSED_SHARE of what reaches them (so they stay full:
+goodput), down by DECAY on each update where they refuse nothing (gently: a sharp drop overshoots,
+floods the scorers and makes the share swing). It follows the scorers actually running (more of them
 refuse less) with no count of replicas and no call to Serve's controller; with no refusal it is
 0, and a request costs one comparison.
 """

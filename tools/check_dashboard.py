@@ -35,7 +35,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run by path, too
 
-from gpu_worker.metrics import BATCH_ERROR_TYPES, CACHE_RESULTS  # noqa: E402
+from gpu_worker.serving.metrics import BATCH_ERROR_TYPES, CACHE_RESULTS  # noqa: E402
 from serve_app.auth import NO_KEY  # noqa: E402
 from serve_app.metrics import ERRORS  # noqa: E402
 from serve_app.routes import ROUTES  # noqa: E402

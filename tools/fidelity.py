@@ -1,5 +1,5 @@
 """How much FP8 changes a model's rankings: the same rerank requests scored in fp32 (the
-reference), bf16 and each FP8 setting (gpu_worker/fp8.py).
+reference), bf16 and each FP8 setting (gpu_worker/model/fp8.py).
 
 Usage: python -m tools.fidelity [--model models/smollm2-135m-instruct] [--requests 200]
        [--items 10] [--settings all,no_down,no_o,qkv_gate_up,edges2] [--device cpu|cuda]
@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from gpu_worker.engine import Engine
-from gpu_worker.fp8 import quantize_model
-from gpu_worker.loader import load_model
+from gpu_worker.forward.engine import Engine
+from gpu_worker.model.fp8 import quantize_model
+from gpu_worker.model.loader import load_model
 from ranker_contract.config import FP8_LINEARS, EngineConfig, Fp8Config, Limits, RerankConfig
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence, merge_results, pack_request
@@ -219,7 +219,7 @@ def build_engine(folder: Path, precision: str, device: str) -> Engine:
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     model = load_model(folder, dtype, torch.device(device), "fp8" if setting else "bf16",
                        dequantize_fp8=setting is None)
-    if setting is not None:  # off CUDA: the FP8 GEMMs simulated in fp32 (gpu_worker/fp8.py)
+    if setting is not None:  # off CUDA: the FP8 GEMMs simulated in fp32 (gpu_worker/model/fp8.py)
         quantize_model(model, setting)
     return Engine(model, torch.device(device), reference=True)
 

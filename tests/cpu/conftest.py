@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from gpu_worker.engine import Engine
+from gpu_worker.forward.engine import Engine
 from ranker_contract.config import EngineConfig
 from tools.random_model import save_random_model
 

@@ -1,5 +1,6 @@
-"""A plain-Python engine for tests of the scheduling loop (gpu_worker/scheduler.py::BatchEngine):
-no model, deterministic scores, and hooks to fail a batch or to hold it on the "device"."""
+"""A plain-Python engine for tests of the scheduling loop
+(gpu_worker/serving/scheduler.py::BatchEngine): no model, deterministic scores, and hooks to fail a
+batch or to hold it on the "device"."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpu_worker.scheduler import BatchAbandoned
+from gpu_worker.serving.scheduler import BatchAbandoned
 from ranker_contract.packing import PackedSequence
 
 HOLD_TIMEOUT_S = 30.0  # a held batch the test forgot to release fails instead of hanging

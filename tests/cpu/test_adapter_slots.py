@@ -1,5 +1,5 @@
-"""Adapters loaded on first use into a fixed number of slots (gpu_worker/adapter_slots.py), on
-the scheduling loop and its fake engine: the least recently used idle adapter is unloaded, one
+"""Adapters loaded on first use into a fixed number of slots (gpu_worker/serving/adapter_slots.py),
+on the scheduling loop and its fake engine: the least recently used idle adapter is unloaded, one
 with tasks queued or running never is, other traffic runs while an adapter is read, and a read
 that fails fails that adapter's tasks only. The fake engine records the slot each batch's rows
 name; `put` records what went into which slot."""
@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from gpu_worker.adapter_slots import AdapterSlots
-from gpu_worker.scheduler import Scheduler, ScoreTask
+from gpu_worker.serving.adapter_slots import AdapterSlots
+from gpu_worker.serving.scheduler import Scheduler, ScoreTask
 from ranker_contract.config import SchedulerConfig
 from tests.cpu.fake_engine import FakeEngine, fake_scores
 from tests.cpu.sequences import mixed_sequences

@@ -1,5 +1,5 @@
 """What each row may attend to, as both attention backends build it from the packing metadata:
-the FlashInfer request layout (gpu_worker/attention_flashinfer.py::paged_layout, built on the
+the FlashInfer request layout (gpu_worker/attention/flashinfer.py::paged_layout, built on the
 host and checked here without a GPU) and the torch backend's mask."""
 
 import random
@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
-from gpu_worker.attention_flashinfer import (
+from gpu_worker.attention.flashinfer import (
     add_tile_request,
     hide_tile_request,
     paged_layout,
     zero_int_workspace,
 )
-from gpu_worker.attention_torch import multi_item_mask
+from gpu_worker.attention.sdpa import multi_item_mask
 from ranker_contract.packing import pack_multi_item, pack_plain
 
 D = 0
@@ -95,13 +95,14 @@ def test_layout_of_a_batch_past_the_first_row_table_counts_every_row():
 
 
 def test_a_sequence_with_cached_query_rows_has_the_page_lists_of_the_whole_sequence():
-    """A sequence whose first C query rows come from the prefix cache (gpu_worker/prefix_cache.py:
-    all of the query, or its first pages) runs without them; its cached rows are gathered from
-    the pool after the batch's rows, once per query (cached_gather). Every request of it, its
-    keys named by the row of the whole sequence they are, lists the same keys in the same order
-    as the whole sequence's request for the same block: a hit is the kernel work of a miss."""
-    from gpu_worker.attention_flashinfer import cached_gather
-    from gpu_worker.prefix_cache import cached_form
+    """A sequence whose first C query rows come from the prefix cache
+    (gpu_worker/attention/prefix_cache.py: all of the query, or its first pages) runs without them;
+    its cached rows are gathered from the pool after the batch's rows, once per query
+    (cached_gather). Every request of it, its keys named by the row of the whole sequence they are,
+    lists the same keys in the same order as the whole sequence's request for the same block: a hit
+    is the kernel work of a miss."""
+    from gpu_worker.attention.flashinfer import cached_gather
+    from gpu_worker.attention.prefix_cache import cached_form
 
     def requests(layout, names):
         """Per request: (query rows, its keys by name)."""
@@ -149,7 +150,7 @@ def test_a_sequence_with_cached_query_rows_has_the_page_lists_of_the_whole_seque
 
 
 def test_the_graph_workaround_zeroes_both_int_buffers_and_names_a_missing_one():
-    """gpu_worker/attention_flashinfer.py::zero_int_workspace on stand-ins for the wrapper: both
+    """gpu_worker/attention/flashinfer.py::zero_int_workspace on stand-ins for the wrapper: both
     private buffers zeroed; a FlashInfer whose wrapper lacks one fails naming it."""
     class Wrapper:
         def __init__(self):
@@ -176,7 +177,7 @@ def eager_tile(qo_indptr, group, head_dim=128):
 
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 def test_a_request_added_where_needed_makes_every_eager_plan_take_the_widest_tile(group):
-    """gpu_worker/attention_flashinfer.py::add_tile_request: short blocks (one-token items, a
+    """gpu_worker/attention/flashinfer.py::add_tile_request: short blocks (one-token items, a
     cache hit's delimiter-only query block) and long ones, each planned at 128 rows; the
     request is added only where needed, with no K/V, and is as short as it can be."""
     rng = random.Random(group)
@@ -224,7 +225,7 @@ def test_an_engine_on_a_flashinfer_without_the_private_field_fails_at_start_nami
     import sys
     import types
 
-    from gpu_worker.attention_flashinfer import FlashInferAttention
+    from gpu_worker.attention.flashinfer import FlashInferAttention
 
     class Wrapper:  # FlashInfer's wrapper as a release without the field would build it
         def __init__(self, *args, **kwargs):

@@ -112,7 +112,7 @@ def test_the_same_at_each_instruction_set_and_thread_count(default_model_path, l
 
 
 if __name__ == "__main__":  # the child: a smaller set of pairs, one JSON line
-    from gpu_worker.engine import Engine
+    from gpu_worker.forward.engine import Engine
     from ranker_contract.config import EngineConfig
     from tests.cpu.conftest import DEFAULT_MODEL
 

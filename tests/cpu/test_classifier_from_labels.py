@@ -1,5 +1,5 @@
 """rerank.classifier_from_labels: a causal reranker served as a one-class classifier whose head
-is its LM head's yes row minus its no row (gpu_worker/heads.py::classifier_from_label_rows).
+is its LM head's yes row minus its no row (gpu_worker/model/heads.py::classifier_from_label_rows).
 
 On the default SmolLM2 (fp32, CPU, yes_no template), the converted engine's sigmoid(score) must
 equal the relevance HF's causal LM gives on each document's full prompt, P(yes) / (P(yes) +
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import tools.service as tooling
-from gpu_worker.engine import Engine
-from gpu_worker.heads import SequenceClassifierForScoring, rerank_label_ids
-from gpu_worker.loader import load_model
+from gpu_worker.forward.engine import Engine
+from gpu_worker.model.heads import SequenceClassifierForScoring, rerank_label_ids
+from gpu_worker.model.loader import load_model
 from ranker_contract.config import EngineConfig, Limits, RerankConfig, RerankPrompt
 from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import pack_multi_item

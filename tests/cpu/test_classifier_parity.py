@@ -1,4 +1,4 @@
-"""Sequence classifiers (gpu_worker/heads.py) against HF `AutoModelForSequenceClassification`.
+"""Sequence classifiers (gpu_worker/model/heads.py) against HF `AutoModelForSequenceClassification`.
 
 Tiny seeded Qwen3 (one class), Llama (three classes, a pad token) and Qwen2 (two classes)
 folders written by transformers' save_pretrained are loaded by our loader and scored by our
@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gpu_worker.heads import SequenceClassifierForScoring
-from gpu_worker.loader import load_model
+from gpu_worker.model.heads import SequenceClassifierForScoring
+from gpu_worker.model.loader import load_model
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 from ranker_contract.packing import pack_multi_item, pack_plain
 
@@ -141,7 +141,7 @@ def test_an_unknown_head_is_refused_naming_the_architecture(tiny_classifier, tmp
 def test_a_prefix_cache_hit_scores_the_classes_as_hf(case):
     """The prefix cache (engine.prefix_cache.tokens) sits under the head: a hit, which runs only
     the item blocks against the cached query rows, gives HF's logits as the miss did."""
-    from gpu_worker.engine import Engine
+    from gpu_worker.forward.engine import Engine
     from ranker_contract.config import EngineConfig
 
     engine = Engine.from_config(case["path"], EngineConfig(prefix_cache={"tokens": 4096,

@@ -232,7 +232,7 @@ def test_the_code_comments_name_code_that_exists(path):
 
 
 def test_a_comment_naming_code_that_is_gone_is_found():
-    source = ('x = 1  # budget from Engine.measure_budget; gpu_worker/startup.py::warm_up\n'
+    source = ('x = 1  # budget from Engine.measure_budget; gpu_worker/forward/startup.py::warm_up\n'
               '"""LoraLinear.put (inherited), ScoreJob.__module__, serve_app/gone.py, '
               'tools/stats.py::aggregate."""\n')
     assert unresolved_in_code(source) == ["line 1: Engine.measure_budget",

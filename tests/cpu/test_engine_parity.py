@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from gpu_worker.engine import Engine
-from gpu_worker.scheduler import Scheduler, ScoreTask
+from gpu_worker.forward.engine import Engine
+from gpu_worker.serving.scheduler import Scheduler, ScoreTask
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain
 from tests.cpu.sequences import mixed_sequences

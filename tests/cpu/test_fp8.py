@@ -1,4 +1,4 @@
-"""FP8 (gpu_worker/fp8.py) on CPU: the quantization arithmetic, which linears are swapped, the
+"""FP8 (gpu_worker/model/fp8.py) on CPU: the quantization arithmetic, which linears are swapped, the
 settings that refuse to start, and the simulated W8A8 engine's scores (multi-item equal to
 one item at a time; close to the unquantized engine)."""
 
@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from gpu_worker.engine import Engine
-from gpu_worker.fp8 import Fp8Linear, quantize_model, quantize_rows
-from gpu_worker.loader import load_model
+from gpu_worker.forward.engine import Engine
+from gpu_worker.model.fp8 import Fp8Linear, quantize_model, quantize_rows
+from gpu_worker.model.loader import load_model
 from ranker_contract.config import EngineConfig, Fp8Config
 from ranker_contract.packing import pack_multi_item, pack_plain
 

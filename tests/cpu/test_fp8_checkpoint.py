@@ -1,5 +1,5 @@
-"""Published FP8 checkpoints (gpu_worker/fp8_checkpoint.py) on CPU, each written by the library
-that defines its format (tests/fp8_checkpoints.py) from a tiny seeded model: the weights and
+"""Published FP8 checkpoints (gpu_worker/model/fp8_checkpoint.py) on CPU, each written by the
+library that defines its format (tests/fp8_checkpoints.py) from a tiny seeded model: the weights and
 scales we load against what that library dequantizes them to, scores against HF transformers
 loading the same folder, and the layouts refused at start-up, named by their config field.
 
@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpu_worker.engine import Engine
-from gpu_worker.fp8 import Fp8Linear, quantize_model
-from gpu_worker.loader import load_model
-from gpu_worker.model import Linear
+from gpu_worker.forward.engine import Engine
+from gpu_worker.model.decoder import Linear
+from gpu_worker.model.fp8 import Fp8Linear, quantize_model
+from gpu_worker.model.loader import load_model
 from ranker_contract.config import EngineConfig, Fp8Config
 from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import pack_multi_item

@@ -1,8 +1,8 @@
-"""The host tensors a batch's metadata is copied from (gpu_worker/host_tensors.py)."""
+"""The host tensors a batch's metadata is copied from (gpu_worker/forward/host_tensors.py)."""
 
 import torch
 
-from gpu_worker.host_tensors import padded_int64_tensor
+from gpu_worker.forward.host_tensors import padded_int64_tensor
 
 
 def test_unpadded_lists_keep_values_and_order():

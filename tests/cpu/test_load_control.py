@@ -64,8 +64,8 @@ def test_the_share_never_passes_its_cap_and_ends_when_answers_stop():
 def _simulate(offered: float, capacity: float, seconds: float = 20.0, dt: float = 0.005,
               bound_s: float = 0.5, seed: int = 0) -> dict:
     """One ingress in front of scorers that compute `capacity` requests/s and refuse a job that
-    could not start within `bound_s` (gpu_worker/scheduler.py), offered `offered` requests/s:
-    what was shed, sent and computed per second over the second half."""
+    could not start within `bound_s` (gpu_worker/serving/scheduler.py), offered `offered`
+    requests/s: what was shed, sent and computed per second over the second half."""
     clock, rng = _Clock(), random.Random(seed)
     shed = Shedding(clock, draw=rng.random)
     due = backlog = 0.0

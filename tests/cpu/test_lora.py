@@ -1,5 +1,5 @@
-"""peft LoRA adapters read into the engine's packed linears (gpu_worker/lora.py): what they add
-to each packed weight equals what peft's own merge_and_unload() adds, for adapters written by
+"""peft LoRA adapters read into the engine's packed linears (gpu_worker/model/lora.py): what they
+add to each packed weight equals what peft's own merge_and_unload() adds, for adapters written by
 peft itself on tiny seeded checkpoints; and the engine scores a sequence of an adapter as the
 merged model does, with sequences of other adapters and of the base in the same batch."""
 
@@ -14,11 +14,11 @@ import torch
 from peft import LoraConfig, TaskType, get_peft_model
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from gpu_worker.engine import Engine
-from gpu_worker.fp8 import Fp8Linear, quantize_model
-from gpu_worker.loader import load_model
-from gpu_worker.lora import load_adapter
-from gpu_worker.model import PACKED_MODULES
+from gpu_worker.forward.engine import Engine
+from gpu_worker.model.decoder import PACKED_MODULES
+from gpu_worker.model.fp8 import Fp8Linear, quantize_model
+from gpu_worker.model.loader import load_model
+from gpu_worker.model.lora import load_adapter
 from ranker_contract.config import EngineConfig, Fp8Config
 from ranker_contract.config import LoraConfig as Slots
 from ranker_contract.model_config import ModelConfig, ModelFolderError

@@ -4,7 +4,7 @@
 import ast
 from pathlib import Path
 
-from gpu_worker.metrics import BATCH_ERROR_TYPES, batch_error_type
+from gpu_worker.serving.metrics import BATCH_ERROR_TYPES, batch_error_type
 from serve_app.metrics import CANCELLED_STATUS, CANCELLED_TYPE, ERRORS
 from serve_app.protocol import ApiError
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpu_worker.engine import Engine
+from gpu_worker.forward.engine import Engine
 from ranker_contract.packing import merge_results, pack_multi_item, pack_plain, pack_request
 
 # fp32 noise floor: on the 30-layer real model, merely batching the same plain sequences

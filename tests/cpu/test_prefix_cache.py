@@ -1,6 +1,6 @@
-"""The query-prefix K/V cache (gpu_worker/prefix_cache.py) on CPU: a hit scores what a miss does
-bit for bit, a partial hit within the multi-item bound, a batch both fills and reads pages,
-eviction under a tiny pool never fails or corrupts a request, and the counters say what
+"""The query-prefix K/V cache (gpu_worker/attention/prefix_cache.py) on CPU: a hit scores what a
+miss does bit for bit, a partial hit within the multi-item bound, a batch both fills and reads
+pages, eviction under a tiny pool never fails or corrupts a request, and the counters say what
 happened. The reference is the same checkpoint's engine without a cache (itself checked against
 HF in test_engine_parity.py).
 """
@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from gpu_worker.engine import Engine
-from gpu_worker.prefix_cache import kv_pair
+from gpu_worker.attention.prefix_cache import kv_pair
+from gpu_worker.forward.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import PackedSequence, pack_multi_item, pack_plain, prefix_key
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.scheduler import BatchAbandoned, JobStart, QueueDepth, Scheduler, ScoreTask
+from gpu_worker.serving.scheduler import BatchAbandoned, JobStart, QueueDepth, Scheduler, ScoreTask
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import PackedSequence, ScoreJob
@@ -83,7 +83,7 @@ def launch_before_finish(batches: int) -> list[tuple[str, int]]:
 
 
 def test_the_scheduler_imports_no_torch():
-    code = "import gpu_worker.scheduler, sys; assert 'torch' not in sys.modules"
+    code = "import gpu_worker.serving.scheduler, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
@@ -163,7 +163,7 @@ def test_batches_across_requests(sequences):
 
 
 def test_a_batch_reaches_the_engine_sorted_by_adapter_and_results_reach_their_tasks(sequences):
-    """Each adapter's sequences in one run (its LoRA GEMMs read slices: gpu_worker/lora.py);
+    """Each adapter's sequences in one run (its LoRA GEMMs read slices: gpu_worker/model/lora.py);
     base-only batches pass no adapters at all."""
     slots = [2, 0, 1, 2, 0, 1, 0, 2]
     fake = FakeEngine()

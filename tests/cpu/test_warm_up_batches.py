@@ -1,10 +1,12 @@
-"""The warm-up's batches (gpu_worker/startup.py) cover what a batch under load can be: both
+"""The warm-up's batches (gpu_worker/forward/startup.py) cover what a batch under load can be: both
 token-total parities at the budget and small, multi-item and plain layouts, the longest sequence,
 and nothing the scheduler or the ingress would not send."""
 
+from pathlib import Path
+
 import pytest
 
-from gpu_worker.startup import cached_warm_up_batches, warm_up_batches
+from gpu_worker.forward.startup import WARMED_KERNELS, cached_warm_up_batches, warm_up_batches
 from ranker_contract.packing import cacheable_query
 
 
@@ -43,3 +45,12 @@ def test_the_cache_warm_up_fills_then_reads_a_query_the_cache_keeps(min_tokens, 
 def test_no_cache_warm_up_when_no_query_can_be_kept():
     assert cached_warm_up_batches(32768, 16384, 64, 1.0) == []  # a query is never all tokens
     assert cached_warm_up_batches(32768, 300, 400, 0.2) == []  # longer than any sequence
+
+
+def test_the_kernels_whose_variants_are_counted_are_modules_of_gpu_worker_kernels():
+    """triton_variants() looks each name up among the loaded modules: a name left behind by a
+    rename would count no variant ever, and the GPU tests that no batch compiles a kernel after
+    warm-up would pass on nothing."""
+    kernels = Path(__file__).resolve().parents[2] / "gpu_worker" / "kernels"
+    missing = [name for name in WARMED_KERNELS if not (kernels / f"{name}.py").is_file()]
+    assert WARMED_KERNELS and not missing

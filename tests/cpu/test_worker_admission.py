@@ -6,8 +6,14 @@ import asyncio
 
 import pytest
 
-from gpu_worker.deployment import ScoreWorker
-from gpu_worker.scheduler import THROUGHPUT_SMOOTHING, QueueDepth, Scheduler, ScoreTask, Throughput
+from gpu_worker.serving.deployment import ScoreWorker
+from gpu_worker.serving.scheduler import (
+    THROUGHPUT_SMOOTHING,
+    QueueDepth,
+    Scheduler,
+    ScoreTask,
+    Throughput,
+)
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoreJob, pack_plain
@@ -121,7 +127,7 @@ def test_health_check_fails_once_the_loop_thread_died():
 def test_a_cpu_scorer_knows_its_rate_from_the_start(tiny_checkpoint, engine_for):
     """The CPU's start-up probe measures its throughput, so the load bound refuses from the first
     job on (there is no window where nothing is refused because no rate is known yet)."""
-    from gpu_worker.startup import measure_budget
+    from gpu_worker.forward.startup import measure_budget
 
     engine = engine_for(tiny_checkpoint("llama"))
     budget = measure_budget(engine, max_batch_tokens=BUDGET, min_batch_tokens=400)

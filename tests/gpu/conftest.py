@@ -87,7 +87,7 @@ def worst_difference(a, b):
 def scheduled(engine, sequences, overlap, batch_token_budget=4096):
     """Results of `sequences` through the scheduling loop, all queued before it starts (so the
     batches are the same in every run), in submission order."""
-    from gpu_worker.scheduler import Scheduler, ScoreTask
+    from gpu_worker.serving.scheduler import Scheduler, ScoreTask
     from ranker_contract.config import SchedulerConfig
 
     results = {}
@@ -137,7 +137,7 @@ def qwen3_path() -> Path:
 @pytest.fixture(scope="session")
 def fast_engine(qwen3_path):
     """The shipped GPU engine without graphs or cache: bf16, FlashInfer, the fused kernels."""
-    from gpu_worker.engine import Engine
+    from gpu_worker.forward.engine import Engine
     from ranker_contract.config import EngineConfig
 
     return Engine.from_config(qwen3_path, EngineConfig(device="cuda"))

@@ -7,16 +7,16 @@ log-prob must equal its lone one bit for bit, bf16 and FP8.
 Three sets: 1,000 pairs of queries of 32 to 200 tokens and items of 32 to 300; and 500 of short
 items (1 to 31 tokens) after queries of 16 to 300, pairs of which start alike (a partial hit),
 whose blocks average so few rows that FlashInfer's eager planner would take a narrower tile
-(gpu_worker/attention_flashinfer.py::add_tile_request); and 300 pairs on LoRA adapters (two, and
+(gpu_worker/attention/flashinfer.py::add_tile_request); and 300 pairs on LoRA adapters (two, and
 the model alone), alone, in batches of one adapter and in batches that mix them."""
 
 import random
 
 import pytest
 
-from gpu_worker.attention_flashinfer import add_tile_request, paged_layout
-from gpu_worker.engine import Engine
-from gpu_worker.lora import load_adapter
+from gpu_worker.attention.flashinfer import add_tile_request, paged_layout
+from gpu_worker.forward.engine import Engine
+from gpu_worker.model.lora import load_adapter
 from ranker_contract.config import EngineConfig, LoraConfig
 from ranker_contract.model_config import ModelConfig
 from tests.gpu.conftest import LABELS, ids

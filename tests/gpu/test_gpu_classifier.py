@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from gpu_worker.engine import Engine
-from gpu_worker.startup import measure_budget, warm_up
+from gpu_worker.forward.engine import Engine
+from gpu_worker.forward.startup import measure_budget, warm_up
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import LABELS, random_model_folder, run_batch, softmax

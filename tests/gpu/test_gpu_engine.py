@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from gpu_worker.engine import Engine
+from gpu_worker.forward.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import LABELS, launch_checking_no_host_sync, run_batch, scheduled, softmax
@@ -92,7 +92,7 @@ def test_launch_path_has_no_host_sync(fast_engine):
 def test_fused_gate_up_equals_unfused_in_a_large_batch(fast_engine):
     """Batches from FUSED_GATE_UP_MIN_TOKENS tokens run the fused gate/up kernel: the same
     scores as cuBLAS + SiLU-and-mul, and no host sync on their launch path."""
-    from gpu_worker.ops import FUSED_GATE_UP_MIN_TOKENS
+    from gpu_worker.model.ops import FUSED_GATE_UP_MIN_TOKENS
 
     unfused = Engine(fast_engine.model, fast_engine.device, EngineConfig(device="cuda"))
     unfused.ops.fused_gate_up = False  # what a GPU without TMA runs

@@ -17,8 +17,8 @@ import random
 
 import pytest
 
-from gpu_worker.engine import Engine
-from gpu_worker.fp8 import Fp8Linear
+from gpu_worker.forward.engine import Engine
+from gpu_worker.model.fp8 import Fp8Linear
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain, pack_request
 from tests.gpu.conftest import (

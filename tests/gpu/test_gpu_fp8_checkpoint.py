@@ -1,7 +1,7 @@
-"""Published FP8 checkpoints (gpu_worker/fp8_checkpoint.py) on the GPU: the 0.6B shape's weights
-written by compressed-tensors (FP8_DYNAMIC) and by transformers (fine-grained, 128x128 blocks;
-tests/fp8_checkpoints.py), served with precision fp8, against the same checkpoint dequantized
-and served in bf16 (engine.fp8.dequantize_checkpoint).
+"""Published FP8 checkpoints (gpu_worker/model/fp8_checkpoint.py) on the GPU: the 0.6B shape's
+weights written by compressed-tensors (FP8_DYNAMIC) and by transformers (fine-grained, 128x128
+blocks; tests/fp8_checkpoints.py), served with precision fp8, against the same checkpoint
+dequantized and served in bf16 (engine.fp8.dequantize_checkpoint).
 
 Bounds: those of tests/gpu/test_gpu_fp8.py. Both engines hold the same e4m3 weights (the block
 layout re-quantized per channel: about as much rounding again, tests/cpu/test_fp8_checkpoint.py),
@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from gpu_worker.engine import Engine
-from gpu_worker.fp8 import Fp8Linear
+from gpu_worker.forward.engine import Engine
+from gpu_worker.model.fp8 import Fp8Linear
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.fp8_checkpoints import write_compressed_tensors_fp8, write_fine_grained_fp8

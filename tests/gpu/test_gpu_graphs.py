@@ -1,12 +1,12 @@
-"""CUDA-graph replay (gpu_worker/graphs.py) against the eager engine on the same weights: random
-batch compositions, bucket edges, padding, replays after other shapes, and no host sync."""
+"""CUDA-graph replay (gpu_worker/forward/graphs.py) against the eager engine on the same weights:
+random batch compositions, bucket edges, padding, replays after other shapes, and no host sync."""
 
 import math
 import random
 
 import pytest
 
-from gpu_worker.engine import Engine
+from gpu_worker.forward.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item
 from tests.gpu.conftest import (

@@ -15,8 +15,8 @@ import random
 import pytest
 import torch
 
-from gpu_worker.engine import Engine
-from gpu_worker.lora import load_adapter
+from gpu_worker.forward.engine import Engine
+from gpu_worker.model.lora import load_adapter
 from ranker_contract.config import EngineConfig, LoraConfig, PrefixCacheConfig
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
@@ -125,8 +125,8 @@ def hf_scores(hf, query: list[int], items: list[list[int]] | None) -> list[list[
 def test_adapters_on_an_fp8_base_score_as_on_the_bf16_base_within_the_fp8_bound(
         qwen3_path, adapters):
     """engine.precision fp8 with adapters: the GEMMs in FP8, each adapter's delta in bf16 on
-    the rows the FP8 GEMM reads (gpu_worker/lora.py, Fp8LoraLinear). A mixed batch scores as on
-    the bf16 base within the FP8-vs-bf16 bounds of test_gpu_matrix.py; each request replayed
+    the rows the FP8 GEMM reads (gpu_worker/model/lora.py, Fp8LoraLinear). A mixed batch scores as
+    on the bf16 base within the FP8-vs-bf16 bounds of test_gpu_matrix.py; each request replayed
     alone (a graph through the LoRA kernels) as the batch within its FP8 self bounds; and the
     adapters move the FP8 model's scores."""
     _, sequences, slots = mixed_workload()
@@ -216,9 +216,9 @@ def test_a_classifier_adapters_own_head_in_a_batch_and_in_a_graph(tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
 def test_after_warm_up_adapter_batches_compile_nothing(qwen3_path, adapters, precision):
-    """A scorer warms its adapters up (gpu_worker/startup.py::warm_up): afterwards batches of one
-    adapter and of several, large and small, compile no Triton kernel."""
-    from gpu_worker.startup import triton_variants, warm_up
+    """A scorer warms its adapters up (gpu_worker/forward/startup.py::warm_up): afterwards batches
+    of one adapter and of several, large and small, compile no Triton kernel."""
+    from gpu_worker.forward.startup import triton_variants, warm_up
 
     engine = engine_with(qwen3_path, adapters, GRAPHS.model_copy(update={"precision": precision}))
     warm_up(engine, 16384, 4096)

@@ -20,7 +20,7 @@ import random
 
 import pytest
 
-from gpu_worker.engine import Engine
+from gpu_worker.forward.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.gpu.conftest import LABELS, VOCAB, random_model_folder, run_batch
@@ -126,7 +126,7 @@ def test_every_combination_scores_what_the_eager_bf16_engine_scores(
 
 
 def test_graph_engines_built_after_others_were_freed_score_the_same(base_engines, workload):
-    """The fault this guards against (gpu_worker/attention_flashinfer.py, FlashInferGraphAttention):
+    """The fault this guards against (gpu_worker/attention/flashinfer.py, FlashInferGraphAttention):
     graphs captured after another engine's were freed read that engine's stale plan indices and
     hit an illegal address. Here: the default buckets captured and freed, then graphs for the
     same model and for another one; each replay scores what its eager engine scores."""

@@ -1,6 +1,6 @@
 """A second full model (`models`) loads in a scorer beside the model's running batches, as a
-scorer replica loads one on its first request (gpu_worker/deployment.py): its own engine, budget
-share, CUDA graphs and warm-up, built in another thread while the first model's loop keeps
+scorer replica loads one on its first request (gpu_worker/serving/deployment.py): its own engine,
+budget share, CUDA graphs and warm-up, built in another thread while the first model's loop keeps
 answering. Nothing of the first model fails or changes meanwhile; the second scores as the
 first on the same weights; unloading it gives its GPU and host memory back, load after load."""
 
@@ -13,8 +13,8 @@ import time
 import psutil
 import torch
 
-from gpu_worker.replica import release_memory, start_scorer
-from gpu_worker.scheduler import ScoreTask
+from gpu_worker.serving.replica import release_memory, start_scorer
+from gpu_worker.serving.scheduler import ScoreTask
 from ranker_contract.config import ModelEntry
 from ranker_contract.packing import pack_request
 from tests.gpu.conftest import LABELS, ids, worst_difference

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from gpu_worker.engine import Engine
+from gpu_worker.forward.engine import Engine
 from ranker_contract.config import EngineConfig
 from ranker_contract.packing import pack_request
 from tests.gpu.conftest import (

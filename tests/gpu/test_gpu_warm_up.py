@@ -1,4 +1,4 @@
-"""After a replica's warm-up (gpu_worker/startup.py::warm_up), a run of mixed request shapes
+"""After a replica's warm-up (gpu_worker/forward/startup.py::warm_up), a run of mixed request shapes
 compiles nothing: no Triton kernel variant and no FlashInfer module is built on the request
 path, with the prefix cache off and on (queries recur, so batches hit it).
 
@@ -38,7 +38,7 @@ def counters() -> dict[str, int]:
     FlashInfer modules built, cudaMalloc calls and pinned host allocations."""
     import torch
 
-    from gpu_worker.startup import triton_variants
+    from gpu_worker.forward.startup import triton_variants
 
     device = torch.cuda.memory_stats()
     host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
@@ -91,8 +91,8 @@ def _mixed_batches(rng: random.Random, budget: int, max_seq_tokens: int):
 
 
 def main(model_path: str, cache_tokens: int) -> None:
-    from gpu_worker.engine import Engine
-    from gpu_worker.startup import measure_budget, warm_up
+    from gpu_worker.forward.engine import Engine
+    from gpu_worker.forward.startup import measure_budget, warm_up
     from tools.configs import shipped_app_config
 
     count_flashinfer_builds()

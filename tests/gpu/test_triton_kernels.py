@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from gpu_worker.model import Attention
-from gpu_worker.ops import TorchOps, _rope_cache
-from gpu_worker.qkv_kernel import qkv_prepare
+from gpu_worker.kernels.qkv import qkv_prepare
+from gpu_worker.model.decoder import Attention
+from gpu_worker.model.ops import TorchOps, _rope_cache
 from ranker_contract.model_config import ModelConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: only under TRITON_INTERPRET=1
@@ -44,7 +44,7 @@ def test_matches_reference(qk_norm, dtype):
 
 @pytest.mark.parametrize("hidden", [1024, 576])
 def test_add_rms_norm_fp32_residual(hidden):
-    from gpu_worker.add_norm_kernel import add_rms_norm_fp32_residual
+    from gpu_worker.kernels.add_norm import add_rms_norm_fp32_residual
 
     x = torch.randn(29, hidden, device=DEVICE).to(torch.bfloat16)
     residual = torch.randn(29, hidden, device=DEVICE) * 10
@@ -60,8 +60,8 @@ def test_add_rms_norm_fp32_residual(hidden):
 def test_add_rms_norm_fp32_residual_quantized(hidden):
     """With fp8, the same kernel hands out the normed rows quantized (for an FP8 linear): the
     residual as without, and the e4m3 codes of the bf16 rows it would have written."""
-    from gpu_worker.add_norm_kernel import add_rms_norm_fp32_residual
-    from gpu_worker.fp8 import FP8, FP8_MAX, MIN_SCALE
+    from gpu_worker.kernels.add_norm import add_rms_norm_fp32_residual
+    from gpu_worker.model.fp8 import FP8, FP8_MAX, MIN_SCALE
 
     g = torch.Generator(device=DEVICE).manual_seed(hidden)
     x = torch.randn(300, hidden, generator=g, device=DEVICE).to(torch.bfloat16)
@@ -84,7 +84,7 @@ def test_add_rms_norm_fp32_residual_quantized(hidden):
 def test_gate_up_silu_matches_the_unfused_path(rows):
     """The fused gate/up GEMM + SwiGLU gives what cuBLAS + SiLU-and-mul give (the same bf16
     roundings), and is no further from a float64 reference."""
-    from gpu_worker.gate_up_silu_kernel import gate_up_silu
+    from gpu_worker.kernels.gate_up_silu import gate_up_silu
 
     hidden, inter = 1024, 3072
     g = torch.Generator(device=DEVICE).manual_seed(rows)
@@ -111,8 +111,8 @@ def test_fp8_row_quantizers_match_a_float64_reference(rows, width):
     as the unfused path stores it): the same scales, and the same e4m3 codes but for values
     on a rounding edge (one step apart at most; measured 0.17% of them against a float64
     division, 2026-11-25, H100)."""
-    from gpu_worker.fp8 import FP8, FP8_MAX, MIN_SCALE
-    from gpu_worker.fp8_quant_kernel import quantize_rows_fp8, silu_mul_quantize_rows_fp8
+    from gpu_worker.kernels.fp8_quant import quantize_rows_fp8, silu_mul_quantize_rows_fp8
+    from gpu_worker.model.fp8 import FP8, FP8_MAX, MIN_SCALE
 
     g = torch.Generator(device=DEVICE).manual_seed(rows)
     gate_up = (torch.randn(rows, 2 * width, generator=g, device=DEVICE) * 3).to(torch.bfloat16)
@@ -143,7 +143,7 @@ def test_lora_kernels_match_a_float64_reference(kind, order, repeats):
     base rows and three adapters (rank 64 of the 0.6B shapes): as close to a float64
     x Wᵀ + (x Aᵀ) Bᵀ as LoraLinear's slice path (cuBLAS, bf16 roundings between) is; rows
     sorted by adapter, as the scheduler sends them, and in any order."""
-    from gpu_worker.lora_kernel import lora_add, lora_linear, lora_shrink
+    from gpu_worker.kernels.lora import lora_add, lora_linear, lora_shrink
 
     swiglu = kind == "swiglu"
     hidden, out = {"plain": (1024, 4096), "swiglu": (1024, 6144), "added": (3072, 1024)}[kind]
@@ -190,12 +190,13 @@ def test_lora_kernels_match_a_float64_reference(kind, order, repeats):
 
 
 def test_lora_shrink_reads_an_fp8_linears_quantized_rows_as_their_dequantized_values():
-    """lora_shrink of e4m3 rows and their fp32 scales (an FP8 linear's input, gpu_worker/fp8.py)
-    equals, after bf16 rounding, (q Aᵀ) · scale in fp32 for nearly every entry, and the slices'
-    dequantize-then-multiply within bf16's step: Fp8LoraLinear's two paths."""
-    from gpu_worker.fp8 import FP8_MAX, MIN_SCALE
-    from gpu_worker.fp8_quant_kernel import quantize_rows_fp8
-    from gpu_worker.lora_kernel import lora_shrink
+    """lora_shrink of e4m3 rows and their fp32 scales (an FP8 linear's input,
+    gpu_worker/model/fp8.py) equals, after bf16 rounding, (q Aᵀ) · scale in fp32 for nearly every
+    entry, and the slices' dequantize-then-multiply within bf16's step: Fp8LoraLinear's two
+    paths."""
+    from gpu_worker.kernels.fp8_quant import quantize_rows_fp8
+    from gpu_worker.kernels.lora import lora_shrink
+    from gpu_worker.model.fp8 import FP8_MAX, MIN_SCALE
 
     hidden, rank, adapters = 3072, 64, 3
     g = torch.Generator(device=DEVICE).manual_seed(11)
@@ -222,7 +223,7 @@ def test_lora_shrink_reads_an_fp8_linears_quantized_rows_as_their_dequantized_va
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cols", [1, 64, 4096, 151_936])
 def test_log_sum_exp_rows_matches_reference_and_ignores_the_other_rows(dtype, cols):
-    from gpu_worker.logsumexp_kernel import log_sum_exp_rows
+    from gpu_worker.kernels.logsumexp import log_sum_exp_rows
 
     gen = torch.Generator().manual_seed(cols)
     x = (torch.randn(40, cols, generator=gen) * 8).to(dtype).to(DEVICE)

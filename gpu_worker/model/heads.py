@@ -16,8 +16,8 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from gpu_worker.forward_batch import ForwardBatch, LoraRows
-from gpu_worker.model import CausalLMForScoring, DecoderModel
+from gpu_worker.forward.batch import ForwardBatch, LoraRows
+from gpu_worker.model.decoder import CausalLMForScoring, DecoderModel
 from ranker_contract.config import RerankPrompt
 from ranker_contract.model_config import ModelConfig
 
@@ -25,7 +25,7 @@ from ranker_contract.model_config import ModelConfig
 class AdapterHeads:
     """The classification heads of a classifier's LoRA adapters (peft's `modules_to_save`), in
     fp32: slot s's at s, slot 0 the model's own; a slot whose adapter brings none holds the
-    model's. Which rows read which adapter is the batch's (LoraRows, gpu_worker/forward_batch.py):
+    model's. Which rows read which adapter is the batch's (LoraRows, gpu_worker/forward/batch.py):
     the rows of an adapter's run read its slot's head; where each row's slot is on the device (a
     CUDA graph, the LoRA kernels) every row picks its own, from one GEMM over all the heads (a
     few classes each)."""

@@ -2,14 +2,14 @@
 
 Parameter names are HF's, except the two packed projections that every serving engine uses:
 `qkv_proj` (q, k, v stacked) and `gate_up_proj` (gate, up stacked); the loader stacks them from
-the checkpoint (`PACKED_MODULES`). The forward reads one ForwardBatch (gpu_worker/forward_batch.py:
+the checkpoint (`PACKED_MODULES`). The forward reads one ForwardBatch (gpu_worker/forward/batch.py:
 the inputs, the batch's planned attention, its adapters), passed explicitly down to every layer
 and linear; the decoder returns final hidden states only at the score rows and the head turns them
 into label log-probabilities. Element-wise ops come from `ops` (TorchOps or CudaOps,
-gpu_worker/ops.py).
+gpu_worker/model/ops.py).
 
 Each decoder linear's precision is fixed at load: a `Linear` here (bf16), or an `Fp8Linear`
-(gpu_worker/fp8.py) put in its place. Both read their input in their own form and say how the
+(gpu_worker/model/fp8.py) put in its place. Both read their input in their own form and say how the
 layer makes it (`normed_rows`, `swiglu`), so the forward is one path whatever each linear runs.
 """
 
@@ -21,8 +21,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from gpu_worker.forward_batch import BatchAttention, ForwardBatch, LoraRows
-from gpu_worker.scheduler import BatchAbandoned
+from gpu_worker.forward.batch import BatchAttention, ForwardBatch, LoraRows
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence
 
@@ -34,7 +33,7 @@ PACKED_MODULES = {
 
 
 class AttentionBackend(Protocol):
-    """TorchAttention (gpu_worker/attention_torch.py) or FlashInferAttention: plans one
+    """TorchAttention (gpu_worker/attention/sdpa.py) or FlashInferAttention: plans one
     batch's attention from the packing metadata; the plan is the batch's (ForwardBatch.attention)
     and is called once per layer."""
 
@@ -73,7 +72,8 @@ class Linear(nn.Linear):
     chunk_rows = 0
 
     def forward(self, x: torch.Tensor, lora: LoraRows | None = None) -> torch.Tensor:
-        """`lora`: the batch's adapters, which only a LoRA linear (gpu_worker/lora.py) reads."""
+        """`lora`: the batch's adapters, which only a LoRA linear (gpu_worker/model/lora.py)
+        reads."""
         return self._deterministic(super().forward, x)
 
     def _deterministic(self, fn, x: torch.Tensor) -> torch.Tensor:
@@ -196,8 +196,8 @@ class DecoderModel(nn.Module):
         x, residual = self.embed_tokens(batch.input_ids), None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            if batch.abandoned is not None and batch.abandoned():
-                raise BatchAbandoned(f"stopped before layer {i}: nobody waits for the batch")
+            if batch.stop_if_abandoned is not None:
+                batch.stop_if_abandoned()
             # Nothing reads the last layer's output at other rows: its o_proj, MLP and the
             # final norm run only at the score rows.
             x, residual = layer(x, residual, batch, ops, batch.score_rows if i == last else None)

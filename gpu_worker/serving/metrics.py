@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
-from gpu_worker.prefix_cache import PrefixCacheStats
-from gpu_worker.scheduler import QueueDepth, Scheduler
+from gpu_worker.attention.prefix_cache import PrefixCacheStats
+from gpu_worker.serving.scheduler import QueueDepth, Scheduler
 from ranker_contract.metrics import declare_at_zero
 
 PUBLISH_INTERVAL_S = 0.5

@@ -2,8 +2,8 @@
 
 The engine builds a ForwardBatch for every batch it runs eagerly and passes it explicitly
 through the model; a CUDA graph is captured on one built over the graph's fixed input tensors,
-which every replay rewrites (gpu_worker/graphs.py). What differs from one batch to the next is
-here and nowhere else: attention backends, LoRA linears and heads keep no state between batches.
+which every replay rewrites (gpu_worker/forward/graphs.py). What differs from one batch to the next
+is here and nowhere else: attention backends, LoRA linears and heads keep no state between batches.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class LoraRows:
     `token_runs` / `row_runs`: runs of consecutive tokens, and of score rows (what the last
     layer's o_proj and MLP read), of one adapter; a batch sorted by adapter (the scheduler sorts
     it) has one run per adapter, and base rows are in none. `kernels`: every LoRA linear whose
-    shape the Triton kernels divide runs through gpu_worker/lora_kernel.py, reading each row's
+    shape the Triton kernels divide runs through gpu_worker/kernels/lora.py, reading each row's
     slot from `token_slots` / `row_slots` on the device (0: none); else each run is a slice (the
     CPU's path and the kernels' reference). `any_slot`: a CUDA graph being captured, whose rows
     may name any slot at replay, so every linear takes the kernels."""
@@ -61,10 +61,10 @@ class ForwardBatch:
     label_ids: torch.Tensor  # [N] int64: which vocabulary entry (a classifier: which class)
     attention: BatchAttention
     lora: LoraRows | None = None
-    # Asked before each layer where the forward runs as it is called (the CPU): True once
-    # nobody waits for the batch's results, which stops it (gpu_worker/scheduler.py,
-    # BatchAbandoned). None: run to the end (a queued CUDA forward is computed after the call).
-    abandoned: Callable[[], bool] | None = None
+    # Called before each layer where the forward runs as it is called (the CPU): raises
+    # BatchAbandoned (gpu_worker/serving/scheduler.py) once nobody waits for the batch's
+    # results. None: run to the end (a queued CUDA forward is computed after the call).
+    stop_if_abandoned: Callable[[], None] | None = None
 
 
 def lora_runs(sequences: list[PackedSequence], adapters: list[int]) -> tuple[list[Run],

@@ -1,6 +1,6 @@
 """Which LoRA adapters a scorer's GPU holds, and loading the others on first use: the engine
-has a fixed number of adapter slots (gpu_worker/lora.py, LoraLinear); a request may name any
-adapter of the configuration. Driven by the scheduling loop (gpu_worker/scheduler.py), whose
+has a fixed number of adapter slots (gpu_worker/model/lora.py, LoraLinear); a request may name any
+adapter of the configuration. Driven by the scheduling loop (gpu_worker/serving/scheduler.py), whose
 thread alone calls these methods; like it, this module imports no torch.
 
 An adapter's tasks wait in the queue, skipped, until it is in a slot. Its read (disk to host

@@ -1,5 +1,6 @@
 """Load an HF model folder (config.json + *.safetensors) into CausalLMForScoring, or into
-SequenceClassifierForScoring for a `*ForSequenceClassification` folder (gpu_worker/heads.py)."""
+SequenceClassifierForScoring for a `*ForSequenceClassification` folder
+(gpu_worker/model/heads.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from gpu_worker.fp8_checkpoint import Fp8Checkpoint, load_dtype
-from gpu_worker.heads import SequenceClassifierForScoring, classifier_from_label_rows
-from gpu_worker.model import PACKED_MODULES, CausalLMForScoring
+from gpu_worker.model.decoder import PACKED_MODULES, CausalLMForScoring
+from gpu_worker.model.fp8_checkpoint import Fp8Checkpoint, load_dtype
+from gpu_worker.model.heads import SequenceClassifierForScoring, classifier_from_label_rows
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 
 logger = logging.getLogger(__name__)
@@ -25,9 +26,10 @@ def load_model(folder: str | Path, dtype: torch.dtype, device: torch.device,
                precision: str = "bf16", dequantize_fp8: bool = False,
                head_from_labels: tuple[int, int] | None = None) -> ScoringModel:
     """`precision` and `dequantize_fp8` (engine.fp8.dequantize_checkpoint) decide how an FP8
-    checkpoint loads (gpu_worker/fp8_checkpoint.py); a bf16 checkpoint ignores them.
+    checkpoint loads (gpu_worker/model/fp8_checkpoint.py); a bf16 checkpoint ignores them.
     `head_from_labels`: (yes, no) token ids; the causal LM is served as a one-class
-    classifier of those rows of its LM head (gpu_worker/heads.py::classifier_from_label_rows)."""
+    classifier of those rows of its LM head
+    (gpu_worker/model/heads.py::classifier_from_label_rows)."""
     folder = Path(folder)
     cfg = ModelConfig.from_folder(folder)
     if head_from_labels is not None:

@@ -4,16 +4,16 @@ small batches, where the eager launches of a forward cost more host time than it
 One graph per (token bucket, score-row bucket), captured at start-up, largest first, into one
 shared memory pool. A batch is padded up to the smallest bucket that holds it: padding tokens go
 into an attention request of their own
-(gpu_worker/attention_flashinfer.py::FlashInferGraphAttention), padding score rows and label
+(gpu_worker/attention/flashinfer.py::FlashInferGraphAttention), padding score rows and label
 entries point at row 0 / token 0, and only the first N outputs are read back. Delimiter
 positions come from the ingress, never from token values, so padding cannot create false item
 boundaries. Larger batches run eagerly (docs/ARCHITECTURE.md, "CUDA graphs").
 
-Each graph is captured on a ForwardBatch (gpu_worker/forward_batch.py) over fixed input tensors:
+Each graph is captured on a ForwardBatch (gpu_worker/forward/batch.py) over fixed input tensors:
 a replay copies the batch's inputs into them and rewrites the attention's buffers. With LoRA
-adapter slots (gpu_worker/lora.py), each bucket is captured twice on the same inputs: as the
+adapter slots (gpu_worker/model/lora.py), each bucket is captured twice on the same inputs: as the
 model alone, which batches of the model alone replay, and through the LoRA kernels
-(gpu_worker/lora_kernel.py), whose inputs include each token's and each score row's slot
+(gpu_worker/kernels/lora.py), whose inputs include each token's and each score row's slot
 (padding: 0, none), which any batch with an adapter replays.
 """
 
@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_worker.attention_flashinfer import (
+from gpu_worker.attention.flashinfer import (
     WORKSPACE_BYTES,
     FlashInferGraphAttention,
     widest_tile_above,
 )
-from gpu_worker.forward_batch import ForwardBatch, LoraRows
-from gpu_worker.host_tensors import padded_int64_tensor
-from gpu_worker.model import CausalLMForScoring, Ops
+from gpu_worker.forward.batch import ForwardBatch, LoraRows
+from gpu_worker.forward.host_tensors import padded_int64_tensor
+from gpu_worker.model.decoder import CausalLMForScoring, Ops
 from ranker_contract.packing import PackedSequence
 
 logger = logging.getLogger(__name__)

@@ -16,19 +16,20 @@ from pathlib import Path
 
 import torch
 
-from gpu_worker.attention_flashinfer import FlashInferAttention
-from gpu_worker.attention_torch import TorchAttention
-from gpu_worker.forward_batch import ForwardBatch, LoraRows, lora_runs, lora_slot_lists
-from gpu_worker.fp8 import check_fp8_device, quantize_model
-from gpu_worker.graphs import CudaGraphs
-from gpu_worker.heads import AdapterHeads, SequenceClassifierForScoring
-from gpu_worker.host_tensors import padded_int64_tensor
-from gpu_worker.loader import load_model
-from gpu_worker.lora import Adapter, lora_linears
-from gpu_worker.model import AttentionBackend, CausalLMForScoring, Linear
-from gpu_worker.ops import CudaOps, TorchOps
-from gpu_worker.prefix_cache import CachePlan, InsertingAttention, PrefixCache
-from gpu_worker.startup import check_pool_fits
+from gpu_worker.attention.flashinfer import FlashInferAttention
+from gpu_worker.attention.prefix_cache import CachePlan, InsertingAttention, PrefixCache
+from gpu_worker.attention.sdpa import TorchAttention
+from gpu_worker.forward.batch import ForwardBatch, LoraRows, lora_runs, lora_slot_lists
+from gpu_worker.forward.graphs import CudaGraphs
+from gpu_worker.forward.host_tensors import padded_int64_tensor
+from gpu_worker.forward.startup import check_pool_fits
+from gpu_worker.model.decoder import AttentionBackend, CausalLMForScoring, Linear
+from gpu_worker.model.fp8 import check_fp8_device, quantize_model
+from gpu_worker.model.heads import AdapterHeads, SequenceClassifierForScoring
+from gpu_worker.model.loader import load_model
+from gpu_worker.model.lora import Adapter, lora_linears
+from gpu_worker.model.ops import CudaOps, TorchOps
+from gpu_worker.serving.scheduler import BatchAbandoned
 from ranker_contract.config import EngineConfig, LoraConfig
 from ranker_contract.model_config import ModelFolderError
 from ranker_contract.packing import PackedSequence
@@ -40,7 +41,7 @@ CUDA_MIN_ROWS = 256
 # On the CPU a linear whose input is wider than its output (K > N: the down projection), where
 # MKL splits the K sum between threads by the row count, runs in chunks of exactly this many
 # rows; the others, whose rows MKL sums the same way from 16 rows up, run padded to that many
-# (gpu_worker/model.py::Linear; measured on Intel and AMD, and the cost of chunking every
+# (gpu_worker/model/decoder.py::Linear; measured on Intel and AMD, and the cost of chunking every
 # linear: docs/BENCHMARKS.md, "Deterministic scores on the CPU").
 CPU_CHUNK_ROWS, CPU_MIN_ROWS = 128, 16
 
@@ -65,7 +66,7 @@ class BatchPlan:
     sequences: list[PackedSequence]
     label_ids: list[list[int]]
     items_and_labels: list[tuple[int, int]]
-    graph: object | None = None  # a captured graph of gpu_worker/graphs.py, or eager
+    graph: object | None = None  # a captured graph of gpu_worker/forward/graphs.py, or eager
     cache: CachePlan | None = None
     adapters: list[int] | None = None  # per sequence, its adapter slot (0: the base); None: all 0
 
@@ -84,7 +85,7 @@ class Engine:
             raise ValueError("CUDA graphs need the fused kernels (device cuda, not reference)")
         self.model = model
         self.device = device
-        self.asynchronous = device.type == "cuda"  # gpu_worker/scheduler.py::BatchEngine
+        self.asynchronous = device.type == "cuda"  # gpu_worker/serving/scheduler.py::BatchEngine
         self.vocab_size = model.config.vocab_size
         self.dtype = model.model.embed_tokens.weight.dtype  # any head
         mcfg = model.config
@@ -109,7 +110,7 @@ class Engine:
         self._lora_linears: dict = {}  # (layer, packed linear name) -> its LoraLinear
         self.max_rank = 0
         if lora is not None:
-            # the Triton kernels (gpu_worker/lora_kernel.py) where the fused gate/up kernel
+            # the Triton kernels (gpu_worker/kernels/lora.py) where the fused gate/up kernel
             # runs (its tiles, Hopper); elsewhere LoraLinear's slice path only
             self._lora_linears = lora_linears(model, lora.slots, lora.max_rank,
                                               self.ops.fused_gate_up)
@@ -137,7 +138,7 @@ class Engine:
                        if cfg.cuda_graphs.enabled else None)
 
     def put_adapter(self, slot: int, adapter: Adapter) -> None:
-        """Load a LoRA adapter (gpu_worker/lora.py) into `slot` (1 up to the configured slots;
+        """Load a LoRA adapter (gpu_worker/model/lora.py) into `slot` (1 up to the configured slots;
         0 is the model alone), over the adapter it held. Queued on the device after every batch
         launched before: the caller must launch no batch naming the old adapter after this."""
         if not 1 <= slot <= len(self.adapters):
@@ -173,7 +174,7 @@ class Engine:
                     head_from_labels: tuple[int, int] | None = None,
                     lora: LoraConfig | None = None) -> Engine:
         """Load the model folder onto the configured device, each linear in the configured
-        precision (`head_from_labels`: see gpu_worker/loader.py::load_model; `lora`: adapter
+        precision (`head_from_labels`: see gpu_worker/model/loader.py::load_model; `lora`: adapter
         slots)."""
         if cfg.device == "cpu":
             torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
@@ -200,7 +201,7 @@ class Engine:
         with any runs eagerly unless the graphs were captured with LoRA (on Hopper). The prefix
         cache keeps an adapter's K/V apart from the base's and every other adapter's.
         `abandoned`: on the CPU, asked before each layer; True stops the batch with
-        BatchAbandoned (gpu_worker/scheduler.py). A CUDA forward is only queued here."""
+        BatchAbandoned (gpu_worker/serving/scheduler.py). A CUDA forward is only queued here."""
         with_lora = adapters is not None and any(adapters)
         if with_lora and any(slot and (slot > len(self.adapters) or self.adapters[slot - 1]
                                        is None) for slot in adapters):
@@ -243,7 +244,12 @@ class Engine:
 
     def _run_eager(self, plan: BatchPlan, abandoned: Callable[[], bool] | None) -> Step:
         batch, host = self._forward_batch(plan)
-        batch.abandoned = abandoned
+        if abandoned is not None:
+            def stop_if_abandoned() -> None:
+                if abandoned():
+                    raise BatchAbandoned("stopped part-way: nobody waits for the batch")
+
+            batch.stop_if_abandoned = stop_if_abandoned
         try:
             with torch.inference_mode():
                 out = self.model(batch, self.ops)

@@ -3,8 +3,8 @@
 peft saves, per adapted projection, `lora_A` [r, in] and `lora_B` [out, r], and adds
 `scaling × B A` to the projection's weight (`scaling` = lora_alpha / r, or lora_alpha / √r with
 rsLoRA). The engine packs q/k/v into one `qkv_proj` and gate/up into one `gate_up_proj`
-(gpu_worker/model.py, PACKED_MODULES), so an adapter is packed the same way: the A matrices of
-the parts, which read the same input, stacked into one [Σr, in]; the B matrices placed block-
+(gpu_worker/model/decoder.py, PACKED_MODULES), so an adapter is packed the same way: the A matrices
+of the parts, which read the same input, stacked into one [Σr, in]; the B matrices placed block-
 diagonally into one [Σout, Σr], each part's rows against its own A rows, a part the adapter
 leaves out being a zero block. Then `B_packed A_packed` is exactly the stack of each part's
 `B A`, and the scaling is folded into B once. An engine's slots (LoraLinear) are Σr wide at the
@@ -12,17 +12,17 @@ configured largest rank, padded to a multiple of RANK_ALIGN; an adapter fills it
 the rest are zeros (a zero row of A meets a zero column of B: the product is unchanged), so the
 widened GEMMs below keep the tile-aligned K the fused gate/up kernel needs, and one compiled
 variant serves every adapter. A `modules_to_save` head (a classifier's `score.weight`) is read
-and checked too; the engine scores that adapter's rows with it (gpu_worker/heads.py,
+and checked too; the engine scores that adapter's rows with it (gpu_worker/model/heads.py,
 AdapterHeads).
 
 `LoraLinear` applies the adapters of a batch beside the base weights (an engine built with
 adapter slots puts one in place of each float linear, an `Fp8LoraLinear` in place of each FP8
 one); which rows read which adapter comes with each call, from the batch (LoraRows,
-gpu_worker/forward_batch.py). Where the output is wider than the input (qkv, gate/up), an adapter's
+gpu_worker/forward/batch.py). Where the output is wider than the input (qkv, gate/up), an adapter's
 rows run one GEMM with K widened: [x | x Aᵀ] · [W | B]ᵀ = x Wᵀ + (x Aᵀ) Bᵀ, which costs copies of x
 and W; elsewhere (o, down) the delta is added to the output afterwards, which reads and writes the
 output once more: each picks the smaller tensor to move. That is the CPU's path and the kernels'
-reference: on Hopper every batch with an adapter runs through gpu_worker/lora_kernel.py instead,
+reference: on Hopper every batch with an adapter runs through gpu_worker/kernels/lora.py instead,
 one path whatever the batch holds, so that a row's scores follow neither how many adapters its
 batch has nor whether a CUDA graph replays it (docs/ARCHITECTURE.md, "LoRA
 adapters").
@@ -40,12 +40,12 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from gpu_worker.forward_batch import LoraRows
-from gpu_worker.fp8 import Fp8Linear
-from gpu_worker.model import PACKED_MODULES, CausalLMForScoring, Linear
+from gpu_worker.forward.batch import LoraRows
+from gpu_worker.model.decoder import PACKED_MODULES, CausalLMForScoring, Linear
+from gpu_worker.model.fp8 import Fp8Linear
 from ranker_contract.model_config import ModelConfig, ModelFolderError
 
-RANK_ALIGN = 64  # the fused gate/up kernel's BLOCK_K (gpu_worker/gate_up_silu_kernel.py)
+RANK_ALIGN = 64  # the fused gate/up kernel's BLOCK_K (gpu_worker/kernels/gate_up_silu.py)
 # projection name in a checkpoint -> (the engine's packed linear, which part of it)
 LINEAR_OF = {part: (packed, k) for packed, parts in PACKED_MODULES.items()
              for k, part in enumerate(parts)} | {"o_proj": ("o_proj", 0),
@@ -163,7 +163,7 @@ class _LoraSlots:
     adapter writes into memory that captured CUDA graphs and the kernels already read; every
     adapter runs at the full width R, zeros past its own Σr, so one compiled variant of each
     kernel serves them all. `reads_rows`: this linear sees the batch's score rows, not its
-    tokens (the last layer's o_proj, gate/up and down: gpu_worker/model.py)."""
+    tokens (the last layer's o_proj, gate/up and down: gpu_worker/model/decoder.py)."""
 
     def _allocate_slots(self, reads_rows: bool, slots: int, rank: int,
                         shape: tuple[int, int], dtype: torch.dtype, device: torch.device,
@@ -173,7 +173,7 @@ class _LoraSlots:
         self.lora_a = torch.zeros(slots, rank, in_features, dtype=dtype, device=device)
         self.lora_b = torch.zeros(slots, out_features, rank, dtype=dtype, device=device)
         self.used: set[int] = set()  # the slots whose adapter adapts this linear
-        # the Triton kernels (gpu_worker/lora_kernel.py) divide this linear's shape; whether a
+        # the Triton kernels (gpu_worker/kernels/lora.py) divide this linear's shape; whether a
         # batch runs them is the batch's (LoraRows.kernels)
         self.kernels = kernels
 
@@ -259,7 +259,7 @@ class LoraLinear(_LoraSlots, Linear):
         return down.rows(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
 
     def _kernels(self, x: torch.Tensor, lora: LoraRows, swiglu: bool) -> torch.Tensor:
-        from gpu_worker.lora_kernel import lora_add, lora_linear, lora_shrink
+        from gpu_worker.kernels.lora import lora_add, lora_linear, lora_shrink
 
         slots = lora.slots(self.reads_rows)
         x = x.contiguous()
@@ -286,7 +286,7 @@ class LoraLinear(_LoraSlots, Linear):
 
 
 class Fp8LoraLinear(_LoraSlots, nn.Module):
-    """An FP8 decoder linear (gpu_worker/fp8.py) plus its engine's adapter slots (_LoraSlots).
+    """An FP8 decoder linear (gpu_worker/model/fp8.py) plus its engine's adapter slots (_LoraSlots).
     The GEMM stays FP8; each adapter's (x Aᵀ) Bᵀ runs in the engine's float dtype and is added
     to its rows of the output in place, x being the rows the FP8 GEMM reads, dequantized: the
     adapter sees the input the base weights see. Through lora_shrink + lora_add on Hopper, else
@@ -318,7 +318,7 @@ class Fp8LoraLinear(_LoraSlots, nn.Module):
             return y
         q, scale = rows
         if self._through_kernels(lora):
-            from gpu_worker.lora_kernel import lora_add, lora_shrink
+            from gpu_worker.kernels.lora import lora_add, lora_shrink
 
             slots = lora.slots(self.reads_rows)
             lora_add(y, lora_shrink(q, self.lora_a, slots, scale), self.lora_b, slots)
@@ -333,10 +333,10 @@ def lora_linears(model: CausalLMForScoring, slots: int, max_rank: int,
                  kernels: bool = False) -> dict[tuple[int, str], LoraLinear | Fp8LoraLinear]:
     """Put a LoraLinear (a float linear) or an Fp8LoraLinear (an FP8 one) with `slots` adapter
     slots of rank up to `max_rank` in place of each decoder linear of `model`; returns them by
-    (layer, packed linear name). `kernels`: the Triton kernels (gpu_worker/lora_kernel.py; CUDA,
+    (layer, packed linear name). `kernels`: the Triton kernels (gpu_worker/kernels/lora.py; CUDA,
     Hopper) for each linear whose shape their tiles divide."""
     if kernels:
-        from gpu_worker.lora_kernel import fits
+        from gpu_worker.kernels.lora import fits
     layers = model.model.layers
     out = {}
     for i, layer in enumerate(layers):

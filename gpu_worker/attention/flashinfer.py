@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gpu_worker.prefix_cache import kv_pair
+from gpu_worker.attention.prefix_cache import kv_pair
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence
 
@@ -273,7 +273,8 @@ class FlashInferBatchAttention:
 
 
 class FlashInferGraphAttention:
-    """The same attention for a CUDA-graph bucket of exactly `tokens` rows (gpu_worker/graphs.py).
+    """The same attention for a CUDA-graph bucket of exactly `tokens` rows
+    (gpu_worker/forward/graphs.py).
 
     A captured kernel reads its metadata from fixed addresses with a fixed batch size, so every
     batch is padded to the bucket: the real requests, then one padding request holding the rows

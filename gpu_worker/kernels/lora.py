@@ -5,18 +5,18 @@ tensor, a second pass over it in place of a GEMM of its own).
 `lora_shrink`: t = x Aᵀ with each row's own adapter's A, [M, R] (zeros for rows of the model
 alone); it also reads an FP8 linear's quantized rows and their scales as they are.
 `lora_linear`: y = x Wᵀ + t Bᵀ, again each row's own B, as one GEMM: the K loop over x and W
-is the fused gate/up kernel's (gpu_worker/gate_up_silu_kernel.py: TMA tiles, grouped order, one
+is the fused gate/up kernel's (gpu_worker/kernels/gate_up_silu.py: TMA tiles, grouped order, one
 fixed tile), then each adapter present in the row tile adds its rows of t times its
 B tile (other rows masked to zero) into the same fp32 accumulator before the only store. With
 `swiglu` the weight is the packed gate/up and the epilogue applies SiLU-and-multiply, rounding
 gate and up to bf16 first, as the unfused path does. A tile meets every adapter between its
 rows' smallest and largest slot; the scheduler sorts a batch by adapter, so that is one or two.
 Adapters are stacked per linear: A [S, R, K] and B [S, out, R], slot s (1-based) at s - 1, R the
-slots' width (gpu_worker/lora.py, slot_rank). `lora_add`: y += t Bᵀ in place, each row's
+slots' width (gpu_worker/model/lora.py, slot_rank). `lora_add`: y += t Bᵀ in place, each row's
 own B, after the base GEMM ran on cuBLAS: for o and down, whose output is narrow (hidden wide),
 the fused GEMM's fixed tiles leave half of the SMs idle on a small batch, while one more read
 and write of that output is cheap. Their torch reference is LoraLinear's slice path
-(gpu_worker/lora.py): tests/gpu/test_triton_kernels.py holds the kernels to that path's
+(gpu_worker/model/lora.py): tests/gpu/test_triton_kernels.py holds the kernels to that path's
 distance from float64. Hopper or newer.
 """
 
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gpu_worker.gate_up_silu_kernel import (
+from gpu_worker.kernels.gate_up_silu import (
     BLOCK_K,
     BLOCK_M,
     BLOCK_N,
@@ -151,7 +151,7 @@ def _lora_add_kernel(y_ptr, t_ptr, b_ptr, slot_ptr, M, N: tl.constexpr, R: tl.co
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor,
                 scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] bf16, a [S, R, K] bf16, slots [M] int (0: no adapter) → t [M, R] bf16. With
-    `scale`, x is an FP8 linear's input rows (gpu_worker/fp8.py): e4m3 [M, K] and fp32 row
+    `scale`, x is an FP8 linear's input rows (gpu_worker/model/fp8.py): e4m3 [M, K] and fp32 row
     scales [M, 1], read as they are, t being that of the dequantized rows."""
     m, k = x.shape
     r = a.shape[1]

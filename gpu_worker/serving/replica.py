@@ -1,5 +1,5 @@
-"""What a scorer starts with, a Serve replica (gpu_worker/deployment.py) or a batch job's actor
-(ranker_batch/stages.py): the engine on its device, the batch budget its memory allows, every
+"""What a scorer starts with, a Serve replica (gpu_worker/serving/deployment.py) or a batch job's
+actor (ranker_batch/stages.py): the engine on its device, the batch budget its memory allows, every
 kernel warmed up, and the scheduling loop running."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_worker.adapter_slots import AdapterSlots
-from gpu_worker.engine import Engine
-from gpu_worker.heads import rerank_label_ids
-from gpu_worker.lora import load_adapter
-from gpu_worker.scheduler import Scheduler
-from gpu_worker.startup import BatchBudget, measure_budget, warm_up
+from gpu_worker.forward.engine import Engine
+from gpu_worker.forward.startup import BatchBudget, measure_budget, warm_up
+from gpu_worker.model.heads import rerank_label_ids
+from gpu_worker.model.lora import load_adapter
+from gpu_worker.serving.adapter_slots import AdapterSlots
+from gpu_worker.serving.scheduler import Scheduler
 from ranker_contract.config import AppConfig, SchedulerConfig
 
 
@@ -27,7 +27,7 @@ class Scorer:
 
     def stop(self, drain_s: float) -> None:
         """Stop the loop once it has answered what it accepted, waiting at most `drain_s`; what
-        is left then fails (gpu_worker/scheduler.py::Scheduler.stop)."""
+        is left then fails (gpu_worker/serving/scheduler.py::Scheduler.stop)."""
         deadline = time.monotonic() + drain_s
         while not self.scheduler.depth().empty and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from ray import serve
 
-from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.replica import Scorer, release_memory, start_scorer
-from gpu_worker.scheduler import QueueDepth, Scheduler
+from gpu_worker.serving.metrics import WorkerMetrics
+from gpu_worker.serving.replica import Scorer, release_memory, start_scorer
+from gpu_worker.serving.scheduler import QueueDepth, Scheduler
 from ranker_contract.config import AppConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoredJob, ScoreJob

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_worker.model import CausalLMForScoring, Linear, Ops, RMSNorm
+from gpu_worker.model.decoder import CausalLMForScoring, Linear, Ops, RMSNorm
 from ranker_contract.config import FP8_LINEARS, Fp8Config
 
 FP8 = torch.float8_e4m3fn
@@ -31,7 +31,7 @@ QuantizedRows = tuple[torch.Tensor, torch.Tensor]  # e4m3 [M, K], fp32 row scale
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] → e4m3 [M, K] and fp32 scales [M, 1], one per row: x ≈ q * scale (torch ops; the
-    reference the Triton kernel of gpu_worker/fp8_quant_kernel.py follows on CUDA)."""
+    reference the Triton kernel of gpu_worker/kernels/fp8_quant.py follows on CUDA)."""
     scale = (x.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=MIN_SCALE)
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
@@ -50,7 +50,7 @@ def row_quantizer(device: torch.device, silu_mul: bool = False
     nothing."""
     if device.type != "cuda":
         return silu_mul_quantize_rows if silu_mul else quantize_rows
-    from gpu_worker.fp8_quant_kernel import (  # Triton: GPU hosts only
+    from gpu_worker.kernels.fp8_quant import (  # Triton: GPU hosts only
         quantize_rows_fp8,
         silu_mul_quantize_rows_fp8,
     )
@@ -62,7 +62,7 @@ def row_quantizer(device: torch.device, silu_mul: bool = False
 class Fp8Linear(nn.Module):
     """y = x W^T (+ b) with W in e4m3 and one fp32 scale per output channel. Built from a float
     linear (`from_linear`, quantized here) or from e4m3 weights a checkpoint stores
-    (gpu_worker/fp8_checkpoint.py); `device` picks the activation quantizer when `weight` is
+    (gpu_worker/model/fp8_checkpoint.py); `device` picks the activation quantizer when `weight` is
     still on the meta device."""
 
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -92,7 +92,7 @@ class Fp8Linear(nn.Module):
         return linear
 
     # The input form of an FP8 linear: quantized rows, (e4m3 [M, K], fp32 scales [M, 1]). The
-    # methods below are model.Linear's, each making that form (gpu_worker/model.py).
+    # methods below are model.Linear's, each making that form (gpu_worker/model/decoder.py).
 
     def rows(self, x: torch.Tensor) -> QuantizedRows:
         return self.quantize(x)
@@ -109,7 +109,7 @@ class Fp8Linear(nn.Module):
         return self.quantize_silu_mul(gate_up)
 
     def forward(self, rows: QuantizedRows, lora=None) -> torch.Tensor:
-        """`lora`: unused here (an Fp8LoraLinear's, gpu_worker/lora.py)."""
+        """`lora`: unused here (an Fp8LoraLinear's, gpu_worker/model/lora.py)."""
         q, scale = rows
         if q.is_cuda:
             return torch._scaled_mm(q, self.weight.t(), scale_a=scale, scale_b=self.weight_scale,

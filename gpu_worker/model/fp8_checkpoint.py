@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gpu_worker.fp8 import FP8, Fp8Linear, quantize_rows
-from gpu_worker.model import PACKED_MODULES, CausalLMForScoring
+from gpu_worker.model.decoder import PACKED_MODULES, CausalLMForScoring
+from gpu_worker.model.fp8 import FP8, Fp8Linear, quantize_rows
 from ranker_contract.model_config import ModelFolderError
 
 logger = logging.getLogger(__name__)

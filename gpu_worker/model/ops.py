@@ -3,9 +3,9 @@
 `TorchOps` follows HF's order of operations exactly (CPU, CI, and the GPU reference).
 `CudaOps` uses fused GPU kernels, imported once when it is built (so CPU-only hosts never import
 them, and no layer runs an import statement): our Triton kernels for residual-add + RMSNorm
-with an fp32 residual stream (gpu_worker/add_norm_kernel.py) and for q/k norm + RoPE in place
-(gpu_worker/qkv_kernel.py), the gate/up GEMM with SwiGLU fused for large batches
-(gpu_worker/gate_up_silu_kernel.py), and FlashInfer's RMSNorm and SiLU-and-mul.
+with an fp32 residual stream (gpu_worker/kernels/add_norm.py) and for q/k norm + RoPE in place
+(gpu_worker/kernels/qkv.py), the gate/up GEMM with SwiGLU fused for large batches
+(gpu_worker/kernels/gate_up_silu.py), and FlashInfer's RMSNorm and SiLU-and-mul.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gpu_worker.fp8 import quantize_rows
+from gpu_worker.model.fp8 import quantize_rows
 from ranker_contract.model_config import ModelConfig
 
 
@@ -127,10 +127,10 @@ class CudaOps:
         from flashinfer.activation import silu_and_mul
         from flashinfer.norm import rmsnorm
 
-        from gpu_worker.add_norm_kernel import add_rms_norm_fp32_residual
-        from gpu_worker.fp8 import FP8_MAX, MIN_SCALE
-        from gpu_worker.logsumexp_kernel import log_sum_exp_rows
-        from gpu_worker.qkv_kernel import qkv_prepare
+        from gpu_worker.kernels.add_norm import add_rms_norm_fp32_residual
+        from gpu_worker.kernels.logsumexp import log_sum_exp_rows
+        from gpu_worker.kernels.qkv import qkv_prepare
+        from gpu_worker.model.fp8 import FP8_MAX, MIN_SCALE
 
         self._rmsnorm = rmsnorm
         self._add_rms_norm_fp32_residual = add_rms_norm_fp32_residual
@@ -140,7 +140,7 @@ class CudaOps:
         # The fused kernel loads its tiles by TMA: Hopper (compute capability 9) or newer.
         self.fused_gate_up = torch.cuda.get_device_capability(device)[0] >= 9
         if self.fused_gate_up:  # its module needs a triton with TMA descriptors
-            from gpu_worker.gate_up_silu_kernel import gate_up_silu
+            from gpu_worker.kernels.gate_up_silu import gate_up_silu
 
             self._gate_up_silu = gate_up_silu
         if cfg.head_dim & (cfg.head_dim - 1):  # the Triton kernel's tile is head_dim wide
@@ -160,7 +160,7 @@ class CudaOps:
         return self._add_rms_norm_fp32_residual(x, residual, weight, eps, self._fp8_limits)
 
     def start_residual(self, x: torch.Tensor) -> torch.Tensor:
-        # An fp32 residual stream is more exact, a little slower (gpu_worker/add_norm_kernel.py).
+        # An fp32 residual stream is more exact, a little slower (gpu_worker/kernels/add_norm.py).
         return x.float()
 
     def prepare_qkv(self, qkv, positions, attn):

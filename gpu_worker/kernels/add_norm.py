@@ -44,7 +44,7 @@ def add_rms_norm_fp32_residual(
     fp8: tuple[float, float] | None = None,  # (largest e4m3 value, smallest row scale)
 ) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
     """(the normed rows, residual); with `fp8` the rows come quantized instead, as e4m3 [T, H]
-    and fp32 row scales [T, 1] (gpu_worker/fp8.py::quantize_rows), and x is left as it was."""
+    and fp32 row scales [T, 1] (gpu_worker/model/fp8.py::quantize_rows), and x is left as it was."""
     t, n = x.shape
     q = scale = x  # unused without fp8
     if fp8 is not None:

@@ -9,7 +9,7 @@ of the measured throughput (docs/ARCHITECTURE.md, "Load control"), then one futu
 sequence, settled from the loop thread.
 
 Tasks, their callbacks, cancellation and clocks live here; the engine it drives (`BatchEngine`,
-gpu_worker/engine.py) sees only packed sequences and label ids. This module imports no torch.
+gpu_worker/forward/engine.py) sees only packed sequences and label ids. No torch here.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from gpu_worker.adapter_slots import AdapterSlots
+from gpu_worker.serving.adapter_slots import AdapterSlots
 from ranker_contract.config import SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import PackedSequence, ScoredJob, ScoreJob
@@ -40,7 +40,7 @@ class BatchAbandoned(Exception):
 
 
 class BatchEngine(Protocol):
-    """The device side the loop drives (gpu_worker/engine.py::Engine; tests use a fake)."""
+    """The device side the loop drives (gpu_worker/forward/engine.py::Engine; tests use a fake)."""
 
     # True: launch() queues the batch and returns before it is computed (CUDA), so the loop may
     # launch the next before finishing it. False: launch() computed it (the CPU); finishing it
@@ -180,7 +180,7 @@ class Scheduler:
                  capacity_tokens_per_s: float = 0.0) -> None:
         """`batch_token_budget`: tokens per batch, resolved from the YAML's cap
         (`cfg.max_batch_tokens`, 0 = from free memory) by
-        gpu_worker/startup.py::measure_budget. `adapters`: the engine's adapter slots, which
+        gpu_worker/forward/startup.py::measure_budget. `adapters`: the engine's adapter slots, which
         this loop fills on first use (tasks name adapters); None: tasks name slots.
         `capacity_tokens_per_s`: the warm-up probe's rate (0.0: not measured), where the
         throughput estimate starts."""
@@ -423,7 +423,7 @@ class Scheduler:
                 self.adapters.used(adapters)
                 adapters = [self.adapters.slot(a) for a in adapters]
             if any(adapters):
-                # One run of rows per adapter: its LoRA GEMMs read slices (gpu_worker/lora.py)
+                # One run of rows per adapter: its LoRA GEMMs read slices (gpu_worker/model/lora.py)
                 order = sorted(range(len(batch)), key=adapters.__getitem__)
                 batch[:] = [batch[k] for k in order]
                 adapters = [adapters[k] for k in order]

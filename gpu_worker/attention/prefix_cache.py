@@ -236,7 +236,7 @@ class PrefixCache:
 
 def kv_pair(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """[T, 2, Hk, D] holding k and v: a view when v follows k in each row of one buffer (the
-    fused QKV layout of CudaOps, gpu_worker/qkv_kernel.py), else a stacked copy (TorchOps)."""
+    fused QKV layout of CudaOps, gpu_worker/kernels/qkv.py), else a stacked copy (TorchOps)."""
     t, heads, dim = k.shape
     if (v.data_ptr() == k.data_ptr() + heads * dim * k.element_size()
             and k.stride() == v.stride() == (k.stride(0), dim, 1)):
@@ -246,8 +246,8 @@ def kv_pair(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 class InsertingAttention:
     """An attention backend that first copies the batch's new query rows into the pool, each
-    layer's before that layer's attention reads the pool (gpu_worker/prefix_cache.py). K and V
-    move together: two ops per layer, each tens of µs of host time on the launch path."""
+    layer's before that layer's attention reads the pool (gpu_worker/attention/prefix_cache.py). K
+    and V move together: two ops per layer, each tens of µs of host time on the launch path."""
 
     def __init__(self, inner, pool: torch.Tensor, insert_rows: torch.Tensor,
                  insert_slots: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ arguments (each integer and pointer argument is specialized on being 16-divisibl
 - the fused gate/up kernel runs only from FUSED_GATE_UP_MIN_TOKENS rows: the budget-sized
   batches here reach it (the memory probe's batch is smaller);
 - the positions a batch passes are a view into one metadata tensor after its T token ids
-  (gpu_worker/host_tensors.py), 16-aligned for an even T only: both parities run;
+  (gpu_worker/forward/host_tensors.py), 16-aligned for an even T only: both parities run;
 - FlashInfer builds its modules on the first plan() of multi-item and of plain (empty-query)
   layouts, and the longest sequence sets the largest positions and attention rows.
 - with a prefix cache, a batch that fills it and a budget's worth that reads it run once too
@@ -81,8 +81,8 @@ def _run(engine, batch: list[PackedSequence], **launch) -> None:
 
 def measure_budget(engine, max_batch_tokens: int, min_batch_tokens: int,
                    memory_share: float = 1.0) -> BatchBudget:
-    """The batch budget of `engine` (gpu_worker/engine.py::Engine) and the probe's rate. On the
-    CPU: `max_batch_tokens`, and the rate of a probe batch of the bench shape (cpu_rate). On a
+    """The batch budget of `engine` (gpu_worker/forward/engine.py::Engine) and the probe's rate. On
+    the CPU: `max_batch_tokens`, and the rate of a probe batch of the bench shape (cpu_rate). On a
     GPU a multi-item probe batch measures activation memory per token:
 
         budget = MEMORY_FRACTION * memory_share * free_memory_after_weights / peak_bytes_per_token
@@ -142,7 +142,7 @@ def warm_up(engine, budget_tokens: int, max_seq_tokens: int) -> None:
         _run(engine, batch, eager=True, use_cache=False)
     loaded = [slot for slot, adapter in enumerate(engine.adapters, 1) if adapter]
     if loaded:  # one adapter's run, then several: on Hopper the LoRA kernels either way
-        # (gpu_worker/lora_kernel.py), elsewhere slices (widened GEMMs: every slot one width)
+        # (gpu_worker/kernels/lora.py), elsewhere slices (widened GEMMs: every slot one width)
         batch = warm_up_batches(budget_tokens, max_seq_tokens)[0]
         _run(engine, batch, eager=True, use_cache=False,
              adapters=[loaded[0]] * len(batch))
@@ -206,13 +206,17 @@ def _multi_item_batch(total: int, max_seq_tokens: int) -> Iterator[PackedSequenc
         yield pack_plain([7] * left, 0)
 
 
+# The modules of gpu_worker/kernels/ whose variants triton_variants() counts (a name that is not a
+# module there would count as none compiled: tests/cpu/test_warm_up_batches.py checks them).
+WARMED_KERNELS = ("add_norm", "fp8_quant", "gate_up_silu", "lora", "qkv")
+
+
 def triton_variants() -> int:
     """Triton kernels compiled in this process so far, over every specialization of this
     package's kernels (Triton keeps one cache entry per variant)."""
     count = 0
-    for name in ("add_norm_kernel", "fp8_quant_kernel", "gate_up_silu_kernel", "lora_kernel",
-                 "qkv_kernel"):
-        module = sys.modules.get(f"gpu_worker.{name}")
+    for name in WARMED_KERNELS:
+        module = sys.modules.get(f"gpu_worker.kernels.{name}")
         for value in vars(module).values() if module else ():
             for cache in getattr(value, "device_caches", {}).values():
                 count += len(cache[0])

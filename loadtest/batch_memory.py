@@ -42,7 +42,7 @@ class NullEngine:
 
     asynchronous = False
 
-    def launch(self, sequences, label_ids_per_sequence, *, adapters=None, abandoned=None):
+    def launch(self, sequences, label_ids_per_sequence, **options):
         return [[[0.0] * len(ids)] * seq.num_items
                 for seq, ids in zip(sequences, label_ids_per_sequence, strict=True)]
 

@@ -99,11 +99,10 @@ class StepTimer:
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, adapters: list[int] | None = None, abandoned=None) -> Step:
+               **options) -> Step:
         started, done = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         started.record()
-        step = self.engine.launch(sequences, label_ids_per_sequence, adapters=adapters,
-                                  abandoned=abandoned)
+        step = self.engine.launch(sequences, label_ids_per_sequence, **options)
         done.record()  # after everything launch() queued, like the step's own `done`
         self.events.append((started, done))
         return step

@@ -77,14 +77,13 @@ class DrivenEngine:
             del self.engine.graphs.launch  # the class's method again
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, adapters: list[int] | None = None, abandoned=None) -> Step:
+               **options) -> Step:
         self.batches += 1
         self.tokens += sum(s.num_tokens for s in sequences)
         eager = self.eager_behind and self.on_device > 0
         self.on_device += 1
         started = time.perf_counter()
-        step = self.engine.launch(sequences, label_ids_per_sequence, eager=eager,
-                                  adapters=adapters, abandoned=abandoned)
+        step = self.engine.launch(sequences, label_ids_per_sequence, eager=eager, **options)
         self.launch_s.append(time.perf_counter() - started)
         return step
 

@@ -325,6 +325,9 @@ class AuthConfig(_Settings):
     api_keys_env: str | None = Field(
         None, description="the name of an environment variable holding `id:key` entries, one "
         "per line or comma-separated; read at start-up only")
+    shared_cache: dict[str, list[str]] = Field(
+        {}, description="groups of key ids whose requests share one prefix cache (one team, "
+        "several keys), by a group name; every other key's cached queries are its own")
 
     @model_validator(mode="after")
     def _one_source(self) -> AuthConfig:
@@ -332,7 +335,27 @@ class AuthConfig(_Settings):
             raise ValueError("auth: set api_keys_file or api_keys_env, not both")
         if self.api_keys_env == "" or self.api_keys_file == "":
             raise ValueError("auth: an empty api_keys_file or api_keys_env; leave it out instead")
+        seen: dict[str, str] = {}
+        for group, ids in self.shared_cache.items():
+            for key_id in ids:
+                if key_id in seen:
+                    raise ValueError(f"auth.shared_cache: key id {key_id!r} is in both "
+                                     f"{seen[key_id]!r} and {group!r}")
+                seen[key_id] = group
+        if self.shared_cache and not self.enabled:
+            raise ValueError("auth.shared_cache names key ids, but no API keys are configured")
         return self
+
+    def cache_owner(self, key_id: str | None) -> str:
+        """Whose prefix-cache entries a request of key `key_id` reads and fills
+        (docs/OPERATIONS.md, "API keys"): its shared_cache group's, else the key's own; "" with
+        auth off (one tenant). Groups and keys are told apart, so neither can name the other's."""
+        if not self.enabled or key_id is None:
+            return ""
+        for group, ids in self.shared_cache.items():
+            if key_id in ids:
+                return f"group {group}"
+        return f"key {key_id}"
 
     @property
     def enabled(self) -> bool:

@@ -195,6 +195,9 @@ class ScoreJob:
     # One of AppConfig.models, by name: the scorer replica loads it if need be (Serve's model
     # multiplexing); None: model_path's model (or its adapter).
     model: str | None = None
+    # Whose prefix-cache entries the job reads and fills (AuthConfig.cache_owner): a query
+    # another tenant cached is a miss here. "": auth off, one tenant.
+    cache_owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)

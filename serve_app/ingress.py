@@ -198,6 +198,7 @@ class ScoreIngress:
         self.worker = worker
         self.models = ServedModels(config)
         self.model_name = config.served_model_name
+        self.cache_owner = config.auth.cache_owner  # by the caller's key id
         keys = KeyStore(config.auth) if config.auth.enabled else None  # bad keys: start fails
         self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,),
                                       self.models.names)
@@ -272,7 +273,8 @@ class ScoreIngress:
         parsed = time.perf_counter()
         tokens = await route.tokenize(req)
         tokenized = time.perf_counter()
-        packed_job = model_path.pack(route, tokens, parsed_request.adapter)
+        packed_job = model_path.pack(route, tokens, parsed_request.adapter,
+                                     self.cache_owner(request.scope.get(KEY_ID_SCOPE)))
         packed = time.perf_counter()
         job = await self._call_worker(packed_job.job(tokens))
         scored = time.perf_counter()

@@ -34,9 +34,11 @@ class Packed:
     key: bytes | None
     adapter: int = 0  # the LoRA adapter (its index in model_names); 0: the model itself
     model: str | None = None  # one of `models` (ScoreJob.model)
+    cache_owner: str = ""  # ScoreJob.cache_owner
 
     def job(self, tokens: Tokenized) -> ScoreJob:
-        return ScoreJob(self.sequences, tokens.label_ids, self.key, self.adapter, self.model)
+        return ScoreJob(self.sequences, tokens.label_ids, self.key, self.adapter, self.model,
+                        self.cache_owner)
 
     @property
     def tokens(self) -> int:
@@ -123,16 +125,19 @@ class RequestPath:
                            "the names", "model")
         return self.model_names.index(model)
 
-    def pack(self, route: Route, tokens: Tokenized, adapter: int = 0) -> Packed:
+    def pack(self, route: Route, tokens: Tokenized, adapter: int = 0,
+             cache_owner: str = "") -> Packed:
         """The request's sequences ([] for no items); limits are 4xx naming the item. A
-        scorer's prefix cache keeps each adapter's K/V of a query apart, so the routing key
-        names the adapter too."""
+        scorer's prefix cache keeps each adapter's and each tenant's (`cache_owner`,
+        ScoreJob's) K/V of a query apart, so the routing key names them too."""
         sequences = pack(tokens.prefix, tokens.items, self.limits, self.max_context,
                          item_first=tokens.item_first, field=route.field)
         key = prefix_key(sequences, *self.cacheable) if self.cacheable else None
         if key is not None and adapter:
             key = f"{key} adapter {adapter}"
-        return Packed(sequences, key, adapter, self.multiplexed_name)
+        if key is not None and cache_owner:
+            key = f"{key} {cache_owner}"
+        return Packed(sequences, key, adapter, self.multiplexed_name, cache_owner)
 
     def respond(self, route: Route, req, tokens: Tokenized, packed: Packed,
                 results: list[list[list[float]]]) -> dict:

@@ -191,7 +191,7 @@ class Engine:
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
                *, eager: bool = False, use_cache: bool = True,
-               adapters: list[int] | None = None,
+               adapters: list[int] | None = None, cache_owners: list[str] | None = None,
                abandoned: Callable[[], bool] | None = None) -> Step:
         """Queue the batch's forward; each sequence is scored on its own label ids. A batch
         that fits a captured CUDA graph replays it, busy or idle (docs/ARCHITECTURE.md, "CUDA
@@ -199,7 +199,8 @@ class Engine:
         `use_cache`: False for start-up probes, which must neither fill nor hit the prefix cache.
         `adapters`: per sequence, the slot of its LoRA adapter (put_adapter; 0 the base); a batch
         with any runs eagerly unless the graphs were captured with LoRA (on Hopper). The prefix
-        cache keeps an adapter's K/V apart from the base's and every other adapter's.
+        cache keeps an adapter's K/V apart from the base's and every other adapter's, and each
+        of `cache_owners` (per sequence, its tenant: ScoreJob.cache_owner) apart from the others'.
         `abandoned`: on the CPU, asked before each layer; True stops the batch with
         BatchAbandoned (gpu_worker/serving/scheduler.py). A CUDA forward is only queued here."""
         with_lora = adapters is not None and any(adapters)
@@ -209,14 +210,15 @@ class Engine:
                              f"adapters in {[k + 1 for k, a in enumerate(self.adapters) if a]}")
         eager = eager or (with_lora and not (self.graphs is not None and self.graphs.lora))
         plan = self.plan(sequences, label_ids_per_sequence, eager, use_cache,
-                         adapters if with_lora else None)
+                         adapters if with_lora else None, cache_owners)
         if plan.graph is not None:
             return self._replay(plan)
         return self._run_eager(plan, None if self.asynchronous else abandoned)
 
     def plan(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
              eager: bool = False, use_cache: bool = True,
-             adapters: list[int] | None = None) -> BatchPlan:
+             adapters: list[int] | None = None,
+             cache_owners: list[str] | None = None) -> BatchPlan:
         """Host work only. A batch with a query the prefix cache may keep runs eagerly through
         the cache, idle or not: a graph cannot read or fill it, and a query left out when idle is
         a miss when it returns (docs/ARCHITECTURE.md, "Prefix cache")."""
@@ -226,14 +228,26 @@ class Engine:
                          adapters=adapters)
         cache = self.prefix_cache if use_cache else None
         if cache is not None and any(cache.may_keep(s) for s in sequences):
-            owners = [self._adapter_keys[slot - 1] if slot else b""
-                      for slot in adapters] if adapters else None
-            plan.cache = cache.plan(sequences, owners)
+            plan.cache = cache.plan(sequences, self._owners(adapters, cache_owners))
             plan.sequences = plan.cache.sequences  # readers without their cached query rows
         elif self.graphs is not None and not eager:
             plan.graph = self.graphs.pick(sequences, sum(n for n, _ in items_and_labels),
                                           sum(n * labels for n, labels in items_and_labels))
         return plan
+
+    def _owners(self, adapters: list[int] | None, tenants: list[str] | None
+                ) -> list[bytes] | None:
+        """Per sequence, whose K/V the prefix cache keeps: its adapter's load key (b"" for the
+        model alone), then its tenant's name where it has one, the key padded to its 8 bytes
+        so that no adapter and tenant pair reads as another."""
+        if not adapters and not tenants:
+            return None
+        owners = []
+        for k in range(len(adapters or tenants)):
+            slot, tenant = adapters[k] if adapters else 0, tenants[k] if tenants else ""
+            key = self._adapter_keys[slot - 1] if slot else b""
+            owners.append(key.ljust(8, b"\0") + tenant.encode() if tenant else key)
+        return owners
 
     def _replay(self, plan: BatchPlan) -> Step:
         out, keep = self.graphs.launch(plan.graph, plan.sequences,

@@ -48,13 +48,14 @@ class BatchEngine(Protocol):
     asynchronous: bool
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, adapters: list[int] | None = None,
+               *, adapters: list[int] | None = None, cache_owners: list[str] | None = None,
                abandoned: Callable[[], bool] | None = None) -> Any:
         """Queue one batch without waiting for it (another may still be running); returns its
         step. `adapters`: per sequence, its LoRA adapter's slot (0: the model itself); None when
-        no sequence has one. `abandoned`: True once nobody waits for any of the batch's
-        results; a synchronous engine asks it as it computes and raises BatchAbandoned, so no
-        work is done behind an expired request."""
+        no sequence has one. `cache_owners`: per sequence, whose prefix-cache entries it reads
+        and fills (ScoreTask.cache_owner); None when all are "". `abandoned`: True once nobody
+        waits for any of the batch's results; a synchronous engine asks it as it computes and
+        raises BatchAbandoned, so no work is done behind an expired request."""
 
     def finish(self, step: Any) -> list[list[list[float]]]:
         """Wait for a launched step: per sequence, one row of label log-probs per item."""
@@ -83,6 +84,7 @@ class ScoreTask:
     # the LoRA adapter (ScoreJob.adapter): its slot in the engine, or with AdapterSlots the
     # number a request names it by
     adapter: int = 0
+    cache_owner: str = ""  # whose prefix-cache entries it reads and fills (ScoreJob's)
     # Both guarded by the scheduler's lock. `off_queue`: it left the queued count (picked into a
     # batch or dropped). `abandoned`: its caller went away while it was counted queued, so it
     # counts as queued no more (Scheduler.depth): the loop drops it at its next pick, which may
@@ -259,7 +261,8 @@ class Scheduler:
             # NOTE: if the request is cancelled (client gone, timeout), gather cancels these
             # futures; the loop thread reads fut.cancelled() and drops the task unscored.
             tasks.append(ScoreTask(seq, job.label_ids, _resolver(loop, fut), fut.cancelled,
-                                   arrived, job=start, adapter=job.adapter))
+                                   arrived, job=start, adapter=job.adapter,
+                                   cache_owner=job.cache_owner))
             futures.append(fut)
         self.submit(*tasks)
         try:
@@ -427,8 +430,10 @@ class Scheduler:
                 order = sorted(range(len(batch)), key=adapters.__getitem__)
                 batch[:] = [batch[k] for k in order]
                 adapters = [adapters[k] for k in order]
+            owners = [t.cache_owner for t in batch]
             step = self.engine.launch([t.sequence for t in batch], [t.label_ids for t in batch],
                                       adapters=adapters if any(adapters) else None,
+                                      cache_owners=owners if any(owners) else None,
                                       abandoned=lambda: all(t.cancelled() for t in batch))
         except BatchAbandoned as exc:  # nobody reads its answers: not a failure to log
             self.batches_abandoned += 1

@@ -65,7 +65,7 @@ class FakeEngine:
         self._launch_released.set()
 
     def launch(self, sequences: list[PackedSequence], label_ids_per_sequence: list[list[int]],
-               *, adapters: list[int] | None = None,
+               *, adapters: list[int] | None = None, cache_owners: list[str] | None = None,
                abandoned: Callable[[], bool] | None = None) -> FakeStep:
         number = len(self.batches)
         self.launching.set()

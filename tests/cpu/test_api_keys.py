@@ -139,3 +139,15 @@ def test_middleware_lets_a_valid_key_through(guarded_app):
     assert client.get("/docs", headers=headers).status_code == 200
     assert client.get("/no/such/route", headers=headers).status_code == 404
     assert refused == []
+
+
+def test_cache_owners_are_the_key_or_its_shared_cache_group():
+    auth = AuthConfig(api_keys_env="KEYS", shared_cache={"feed": ["feed-1", "feed-2"]})
+    assert auth.cache_owner("feed-1") == auth.cache_owner("feed-2") == "group feed"
+    assert auth.cache_owner("ads") == "key ads"
+    assert auth.cache_owner("feed") != auth.cache_owner("feed-1")  # a key named as a group
+    assert AuthConfig().cache_owner("none") == ""  # auth off: one tenant, as before
+    with pytest.raises(ValueError, match="'feed-1' is in both 'feed' and 'other'"):
+        AuthConfig(api_keys_env="KEYS", shared_cache={"feed": ["feed-1"], "other": ["feed-1"]})
+    with pytest.raises(ValueError, match="no API keys are configured"):
+        AuthConfig(shared_cache={"feed": ["feed-1"]})

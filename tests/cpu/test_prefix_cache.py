@@ -72,6 +72,31 @@ def test_a_hit_scores_what_a_miss_does(engines):
     assert stats.cached_tokens == 30
 
 
+def test_a_tenant_never_hits_another_tenants_query(engines):
+    """Per-key isolation (ScoreJob.cache_owner): the same query from another tenant is a miss,
+    computed and kept apart, in its own batch or beside the owner's; each tenant then hits its
+    own, and every score is the uncached engine's."""
+    make, reference = engines
+    engine = make(4096)
+    rng = random.Random(9)
+    query = toks(rng, 30)
+    stats = engine.prefix_cache.stats
+
+    def scored(owners: list[str], sequences: list[PackedSequence]) -> None:
+        got = engine.finish(engine.launch(sequences, [LABELS] * len(sequences),
+                                          cache_owners=owners))
+        assert_same(got, score(reference, sequences), f"owners {owners}")
+
+    scored(["key a"], [request(rng, query)])
+    scored(["key b"], [request(rng, query)])
+    assert (stats.misses, stats.hits) == (2, 0)  # b computed a's query anew
+    scored(["key a", "group c", "key b"], [request(rng, query) for _ in range(3)])
+    assert (stats.misses, stats.hits) == (3, 2)  # a and b their own; c's first is a miss
+    scored([""], [request(rng, query)])  # auth off: one tenant of its own
+    assert (stats.misses, stats.hits) == (4, 2)
+    assert stats.cached_tokens == 4 * 30
+
+
 def test_one_batch_fills_and_reads_an_entry_among_other_sequences(engines):
     make, reference = engines
     engine = make(4096)

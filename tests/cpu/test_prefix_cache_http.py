@@ -96,3 +96,45 @@ def test_repeats_of_a_query_hit_one_replica_and_survive_its_loss(small_model):
             assert max(abs(x - y) for g, w in zip(got, want) for x, y in zip(g, w)) <= TOL
     finally:
         tooling.stop_service(svc)
+
+
+KEYS = {"search": "rk-search-0123456789abcdef", "ads": "rk-ads-0123456789abcdefghi",
+        "feed-1": "rk-feed1-0123456789abcdefg", "feed-2": "rk-feed2-0123456789abcdefg"}
+
+
+def test_a_key_never_hits_another_keys_cached_query(small_model):
+    """Per-key isolation (auth.shared_cache): the same query sent with another key is a miss,
+    computed anew and scored alike; a key hits its own; two keys of one shared_cache group hit
+    each other's. With one scorer replica, so the counters are the one cache's."""
+    config = tooling.small_model_config(small_model)
+    args = config["applications"][0]["args"]
+    args["engine"].update(prefix_cache={"tokens": 4096, "min_tokens": 64})
+    args["auth"] = {"api_keys_env": "RANKER_TEST_KEYS",
+                    "shared_cache": {"feed": ["feed-1", "feed-2"]}}
+    worker = tooling.deployment(config, "ScoreWorker")
+    worker.pop("autoscaling_config")
+    worker.update(num_replicas=1)
+    env = {**tooling.FAST_METRICS_ENV,
+           "RANKER_TEST_KEYS": ",".join(f"{i}:{k}" for i, k in KEYS.items())}
+    svc = tooling.start_service(config, env)
+    try:
+        metrics_url = svc.metrics_url()
+        request = body(random.Random(11))
+        want, sent = None, 0
+        for key_id, result in (("search", "miss"), ("search", "hit"), ("ads", "miss"),
+                               ("feed-1", "miss"), ("feed-2", "hit"), ("ads", "hit")):
+            before = lookups(metrics_url)
+            r = httpx.post(f"{svc.url}/v1/score", json=request, timeout=120,
+                           headers={"Authorization": f"Bearer {KEYS[key_id]}"})
+            assert r.status_code == 200, r.text
+            sent += 1
+            tooling.wait_until(lambda n=sent: sum(lookups(metrics_url).values()) == n, 60,
+                               f"{sent} lookups counted", svc)
+            after = lookups(metrics_url)
+            counted = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            assert counted == {**dict.fromkeys(counted, 0), result: 1}, (key_id, counted)
+            got = r.json()["scores"]
+            want = want or got
+            assert max(abs(x - y) for g, w in zip(got, want) for x, y in zip(g, w)) <= TOL
+    finally:
+        tooling.stop_service(svc)

@@ -435,9 +435,10 @@ class Scheduler:
                                       adapters=adapters if any(adapters) else None,
                                       cache_owners=owners if any(owners) else None,
                                       abandoned=lambda: all(t.cancelled() for t in batch))
-        except BatchAbandoned as exc:  # nobody reads its answers: not a failure to log
+        except BatchAbandoned as exc:
+            # Nobody reads its answers: neither a batch run nor a failure (the metrics'
+            # ranker_batch_errors), only counted here.
             self.batches_abandoned += 1
-            self._record(batch, started, exc)
             self._settle(batch, exc)
             return None
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the loop

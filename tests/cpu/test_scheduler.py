@@ -147,6 +147,8 @@ def test_a_computing_batch_stops_once_every_caller_has_gone(sequences, callers_l
     if callers_left == "all":
         assert fake.events[0] == ("abandoned", 0) and scheduler.batches_abandoned == 1
         assert all(isinstance(results[i], BatchAbandoned) for i in range(2))
+        # not a failed batch for the metrics (ranker_batch_errors): only the next one is logged
+        assert [(r.sequences, r.error) for r in scheduler.batch_log] == [(1, None)]
     else:
         assert fake.events[:2] == [("launch", 0), ("finish", 0)]
         assert scheduler.batches_abandoned == 0

@@ -240,3 +240,52 @@ def test_an_engine_on_a_flashinfer_without_the_private_field_fails_at_start_nami
         FlashInferAttention(cfg, cpu, split_kv=False)
     Wrapper._qo_indptr_buf = None  # the release's wrapper before its first plan()
     FlashInferAttention(cfg, cpu, split_kv=False)
+
+
+def test_a_batch_attention_refuses_to_run_once_its_wrapper_planned_another(monkeypatch):
+    """A FlashInfer wrapper holds one plan at a time: a batch's attention (what plan() returns,
+    gpu_worker/attention/flashinfer.py::FlashInferBatchAttention) runs on its own plan only, and
+    is refused, never run on another batch's layout, once the backend planned the next batch."""
+    import sys
+    import types
+
+    from gpu_worker.attention import flashinfer as backend
+
+    runs = []
+
+    class Wrapper:  # records which plan each run() read
+        def __init__(self, *args, **kwargs):
+            self.planned = None
+
+        def run(self, q, kv, out, return_lse=False):
+            runs.append(self.planned)
+            return out
+
+    def plan_wrapper(wrapper, cfg, device, qo_indptr, *args, **kwargs):
+        wrapper.planned = tuple(qo_indptr)
+        return ()
+
+    class NoFence:  # the real one records a CUDA event
+        def wait(self):
+            pass
+
+        def issued(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(
+        BatchPrefillWithPagedKVCacheWrapper=Wrapper))
+    monkeypatch.setattr(backend, "plan_wrapper", plan_wrapper)
+    monkeypatch.setattr(backend, "_PlanFence", NoFence)
+    cfg = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    attention = backend.FlashInferAttention(cfg, torch.device("cpu"), split_kv=True)
+    first_batch = [pack_multi_item([1, 2, 3], [[4], [5, 6]], 0)]
+    second_batch = [pack_plain([7, 8], 0)]
+    first = attention.plan(first_batch, torch.float32)
+    q, k = torch.zeros(first_batch[0].num_tokens, 4, 16), torch.zeros(
+        first_batch[0].num_tokens, 2, 16)
+    first(q, k, k, 0)
+    second = attention.plan(second_batch, torch.float32)
+    with pytest.raises(RuntimeError, match="replaced by a later batch"):
+        first(q, k, k, 1)
+    second(q[:2], k[:2], k[:2], 0)
+    assert runs == [tuple(paged_layout(first_batch)[0]), tuple(paged_layout(second_batch)[0])]

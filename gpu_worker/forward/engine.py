@@ -242,9 +242,9 @@ class Engine:
         so that no adapter and tenant pair reads as another."""
         if not adapters and not tenants:
             return None
+        n = len(adapters or tenants)
         owners = []
-        for k in range(len(adapters or tenants)):
-            slot, tenant = adapters[k] if adapters else 0, tenants[k] if tenants else ""
+        for slot, tenant in zip(adapters or [0] * n, tenants or [""] * n, strict=True):
             key = self._adapter_keys[slot - 1] if slot else b""
             owners.append(key.ljust(8, b"\0") + tenant.encode() if tenant else key)
         return owners

@@ -21,6 +21,7 @@ def build_app(args: AppConfig) -> Application:
     from gpu_worker.serving.deployment import ScoreWorker
     from ranker_app.scorer_router import ScorerRouter
     from serve_app.ingress import ScoreIngress
+    from serve_app.quota_ledger import QuotaLedger
 
     model_path = args.resolved_model_path()
     if not (model_path / "config.json").is_file():
@@ -41,4 +42,6 @@ def build_app(args: AppConfig) -> Application:
     # By outstanding tokens, and repeats of a cached query to the replica that holds it.
     worker = ScoreWorker.options(request_router_config=RequestRouterConfig(
         request_router_class=ScorerRouter))
-    return ScoreIngress.bind(worker.bind(config), config)
+    # With API keys, one quota ledger for every ingress replica (serve_app/quota_ledger.py).
+    ledger = QuotaLedger.bind() if config.auth.enabled else None
+    return ScoreIngress.bind(worker.bind(config), config, ledger)

@@ -2,8 +2,9 @@
 ASGI middleware that refuses the others before any route code runs.
 
 Keys come from a file or an environment variable (ranker_contract/config.py, AuthConfig), one
-`id:key` (or `id key`) entry each; the id names the calling team in metrics and logs, the key
-itself is never logged, counted or echoed. Only SHA-256 digests of the keys are kept, and a
+`id:key` (or `id key`) entry each, optionally followed by the key's quota (`rpm=N tpm=N`,
+serve_app/quotas.py); the id names the calling team in metrics and logs, the key itself is
+never logged, counted or echoed. Only SHA-256 digests of the keys are kept, and a
 presented key is compared with every one of them with hmac.compare_digest: the time taken does
 not depend on which key, or how much of one, matched.
 """
@@ -17,12 +18,14 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.responses import JSONResponse
 
 from ranker_contract.config import AuthConfig
 from serve_app.protocol import ApiError
+from serve_app.quotas import NO_QUOTA, Quota, parse_quota
 
 logger = logging.getLogger(__name__)
 
@@ -32,15 +35,22 @@ OPEN_PATHS = frozenset({"/health"})  # everything else needs a key, unknown rout
 KEY_ID_SCOPE = "ranker.api_key_id"  # where the middleware leaves the caller's id for the routes
 MIN_KEY_CHARS = 16
 RELOAD_CHECK_S = 1.0  # the key file's mtime is looked at most this often
-_ENTRY = re.compile(r"(?P<id>[A-Za-z0-9_.-]{1,64})\s*[:\s]\s*(?P<key>\S+)")
+_ENTRY = re.compile(r"(?P<id>[A-Za-z0-9_.-]{1,64})\s*[:\s]\s*(?P<key>\S+)(?P<quota>(\s+\S+)*)")
 
 
-def parse_keys(text: str, source: str, commas: bool = False) -> dict[str, bytes]:
-    """id -> SHA-256 of the key, from `id:key` / `id key` entries (one a line, or also
-    comma-separated for an environment variable; # starts a comment line). Raises ValueError
-    naming `source` and the line, never the key."""
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    digest: bytes  # SHA-256 of the key
+    quota: Quota = NO_QUOTA
+
+
+def parse_keys(text: str, source: str, commas: bool = False) -> dict[str, ApiKey]:
+    """id -> its key's digest and quota, from `id:key` / `id key` entries, each optionally
+    followed by `rpm=N` and `tpm=N` (one a line, or also comma-separated for an environment
+    variable; # starts a comment line). Raises ValueError naming `source` and the line, never
+    the key."""
     entries = re.split(r"[\n,]" if commas else r"\n", text)
-    digests: dict[str, bytes] = {}
+    keys: dict[str, ApiKey] = {}
     for number, entry in enumerate(entries, 1):
         entry = entry.strip()
         if not entry or entry.startswith("#"):
@@ -54,15 +64,16 @@ def parse_keys(text: str, source: str, commas: bool = False) -> dict[str, bytes]
             raise ValueError(f"{source}, entry {number}: the key of {key_id!r} is shorter than "
                              f"{MIN_KEY_CHARS} characters")
         digest = _digest(key.encode())
-        if key_id in digests or digest in digests.values():
+        if key_id in keys or any(digest == known.digest for known in keys.values()):
             raise ValueError(f"{source}, entry {number}: {key_id!r} repeats an id or a key")
-        digests[key_id] = digest
-    if not digests:
+        quota = parse_quota(match["quota"].split(), f"{source}, entry {number} ({key_id})")
+        keys[key_id] = ApiKey(digest, quota)
+    if not keys:
         raise ValueError(f"{source}: no keys (an empty source would lock every caller out)")
-    return digests
+    return keys
 
 
-def load_keys(auth: AuthConfig) -> dict[str, bytes]:
+def load_keys(auth: AuthConfig) -> dict[str, ApiKey]:
     """The configured keys; ValueError naming the setting when they are missing or bad."""
     if (path := auth.resolved_keys_file()) is not None:
         source = f"auth.api_keys_file ({path})"
@@ -96,14 +107,18 @@ class KeyStore:
 
     def __init__(self, auth: AuthConfig) -> None:
         self._auth, self._path = auth, auth.resolved_keys_file()
-        self._digests = load_keys(auth)
+        self._keys = load_keys(auth)
         self._version = _file_version(self._path)
         self._looked = time.monotonic()
         self.on_reload: Callable[[Iterable[str]], None] | None = None  # given the new ids
 
     @property
     def ids(self) -> tuple[str, ...]:
-        return tuple(self._digests)
+        return tuple(self._keys)
+
+    def quota(self, key_id: str) -> Quota:
+        known = self._keys.get(key_id)
+        return NO_QUOTA if known is None else known.quota
 
     def key_id(self, authorization: bytes | None) -> str | None:
         """The id of the key in an `Authorization: Bearer <key>` header value, or None."""
@@ -112,8 +127,8 @@ class KeyStore:
         if scheme.lower() != b"bearer" or not key.strip():
             return None
         presented, found = _digest(key.strip()), None
-        for key_id, digest in self._digests.items():  # every key compared: no early exit
-            if hmac.compare_digest(presented, digest):
+        for key_id, known in self._keys.items():  # every key compared: no early exit
+            if hmac.compare_digest(presented, known.digest):
                 found = key_id
         return found
 
@@ -126,9 +141,9 @@ class KeyStore:
             return
         self._version = version
         try:
-            self._digests = load_keys(self._auth)
+            self._keys = load_keys(self._auth)
         except ValueError as exc:  # fail closed: a revoked key must not outlive a bad edit
-            self._digests = {}
+            self._keys = {}
             logger.error("API keys not reloaded, every request is refused until fixed: %s", exc)
             return
         # A warning, so that it reaches Serve's replica logs: who may call has changed.

@@ -36,6 +36,7 @@ from serve_app.protocol import (
     ScoreRequest,
     ScoreResponse,
 )
+from serve_app.quotas import NO_QUOTA, Quotas
 from serve_app.requests import ServedModels
 from serve_app.routes import RERANK_V1, RERANK_V2, ROUTES, SCORE
 from serve_app.shedding import Shedding
@@ -168,13 +169,14 @@ def _drop_outcome(future: asyncio.Future) -> None:
 
 
 def _server_timing(started: float, parsed: float, tokenized: float, packed: float,
-                   scored: float, job: ScoredJob) -> dict[str, str]:
+                   admitted: float, scored: float, job: ScoredJob) -> dict[str, str]:
     # Server-Timing (a standard header) lets clients and load tests see where time went.
-    # worker = hop + queue + compute: hop is the handle call both ways (routing, serialization,
-    # the replica's event loop), queue the wait for the first batch, compute the rest.
-    worker = scored - packed
+    # quota is the ledger's answer (0 for a key without a quota); worker = hop + queue +
+    # compute: hop is the handle call both ways (routing, serialization, the replica's event
+    # loop), queue the wait for the first batch, compute the rest.
+    worker = scored - admitted
     timing = {"parse": parsed - started, "tokenize": tokenized - parsed,
-              "pack": packed - tokenized, "worker": worker,
+              "pack": packed - tokenized, "quota": admitted - packed, "worker": worker,
               "hop": max(0.0, worker - job.queued_s - job.computed_s),
               "queue": job.queued_s, "compute": job.computed_s,
               "ingress": time.perf_counter() - started}
@@ -183,10 +185,12 @@ def _server_timing(started: float, parsed: float, tokenized: float, packed: floa
 
 @dataclass(slots=True)
 class _Seen:
-    """A request's `model` label (NO_MODEL until its model is known) and items scored."""
+    """A request's `model` label (NO_MODEL until its model is known), items and tokens
+    scored."""
 
     model: str = NO_MODEL
     items: int = 0
+    tokens: int = 0
 
 
 # NOTE: helpers the class uses are defined above it: serve.ingress pickles a copy of the app
@@ -194,12 +198,15 @@ class _Seen:
 @serve.deployment(**DEFAULT_OPTIONS)
 @serve.ingress(app)
 class ScoreIngress:
-    def __init__(self, worker: DeploymentHandle, config: AppConfig) -> None:
+    def __init__(self, worker: DeploymentHandle, config: AppConfig,
+                 quota_ledger: DeploymentHandle | None = None) -> None:
         self.worker = worker
         self.models = ServedModels(config)
         self.model_name = config.served_model_name
         self.cache_owner = config.auth.cache_owner  # by the caller's key id
         keys = KeyStore(config.auth) if config.auth.enabled else None  # bad keys: start fails
+        self.keys = keys
+        self.quotas = Quotas(quota_ledger)  # per key: serve_app/quotas.py
         self.metrics = IngressMetrics((*keys.ids, REFUSED_KEY) if keys else (NO_KEY,),
                                       self.models.names)
         if keys is not None:
@@ -254,7 +261,7 @@ class ScoreIngress:
         finally:
             self.metrics.answered(path, status, time.perf_counter() - started, error_type,
                                   key=request.scope.get(KEY_ID_SCOPE, NO_KEY), model=seen.model,
-                                  items=seen.items)
+                                  items=seen.items, tokens=seen.tokens)
 
     def _refused(self, path: str) -> None:
         # Counted for the scoring routes only: an unknown path must not become a label value.
@@ -267,6 +274,9 @@ class ScoreIngress:
         routes differ only in their own steps (serve_app/routes.py), the models in their
         request paths (serve_app/requests.py). `seen`: what the metrics label the request with,
         filled in as it becomes known."""
+        key_id = request.scope.get(KEY_ID_SCOPE, NO_KEY)
+        quota = NO_QUOTA if self.keys is None else self.keys.quota(key_id)
+        self.quotas.refuse_early(key_id)  # not read while its key is known to be over quota
         parsed_request = self.models.parse(path, await request.body())
         model_path, route, req = parsed_request.path, parsed_request.route, parsed_request.request
         seen.model = parsed_request.model
@@ -276,20 +286,30 @@ class ScoreIngress:
         packed_job = model_path.pack(route, tokens, parsed_request.adapter,
                                      self.cache_owner(request.scope.get(KEY_ID_SCOPE)))
         packed = time.perf_counter()
+        await self.quotas.take(key_id, quota, packed_job.tokens)  # its usage.prompt_tokens
+        admitted = time.perf_counter()
         job = await self._call_worker(packed_job.job(tokens))
         scored = time.perf_counter()
         body = model_path.respond(route, req, tokens, packed_job, job.results)
-        seen.items = len(tokens.items)
+        seen.items, seen.tokens = len(tokens.items), packed_job.tokens
         if tokens.from_text:
             self.metrics.tokenize_ms.observe((tokenized - parsed) * 1e3)
         return JSONResponse(body, headers=_server_timing(started, parsed, tokenized, packed,
-                                                         scored, job))
+                                                         admitted, scored, job))
 
     @app.get("/v1/models")
     async def models(self) -> dict:
         return {"object": "list",
                 "data": [{"id": name, "object": "model", "owned_by": "ranker"}
                          for name in self.models.names]}
+
+    @app.get("/v1/usage")
+    async def usage(self, request: Request) -> dict:
+        """The calling key's quota: each limit, what is left of it now and when all of it is
+        back (null where the key has no such limit; docs/OPERATIONS.md, "Quotas")."""
+        key_id = request.scope.get(KEY_ID_SCOPE, NO_KEY)
+        quota = NO_QUOTA if self.keys is None else self.keys.quota(key_id)
+        return {"object": "usage", "key": key_id, **await self.quotas.usage(key_id, quota)}
 
     @app.get("/health")
     async def health(self) -> dict:

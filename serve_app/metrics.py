@@ -28,7 +28,7 @@ CANCELLED_STATUS = 408
 CANCELLED_TYPE = "Cancelled"
 # Every error a route answers: the ApiError statuses the ingress raises, and the cancellation.
 ERRORS = tuple((str(status), ApiError(status, "").kind)
-               for status in (400, 401, 404, 413, 500, 503)) + (
+               for status in (400, 401, 404, 413, 429, 500, 503)) + (
     (str(CANCELLED_STATUS), CANCELLED_TYPE),)
 # The `model` label of a request answered before its model was known (unreadable JSON, an
 # unknown name, no API key): a name the caller made up must not become a label value.
@@ -55,6 +55,11 @@ class IngressMetrics:
                               tag_keys=("error_type", "status", "route", "key", "model"))
         self.items = Counter("ranker_items", "Items (rerank: document chunks) answered with "
                              "200, by route and model", tag_keys=("route", "model"))
+        # What each key used (docs/OPERATIONS.md, "Quotas"): its refusals are in `errors`.
+        self.key_items = Counter("ranker_key_items", "Items answered with 200, by API key id "
+                                 "and model", tag_keys=("key", "model"))
+        self.key_tokens = Counter("ranker_key_tokens", "Tokens scored (the responses' usage) "
+                                  "with 200, by API key id and model", tag_keys=("key", "model"))
         self.retries = Counter("ranker_scorer_retries", "Scoring calls sent again to another "
                                "replica because the first replica was lost")
         self.models = (*models, NO_MODEL)
@@ -76,17 +81,22 @@ class IngressMetrics:
                         declare_at_zero(self.requests, {"status": status, **tags})
                         declare_at_zero(self.errors, {"error_type": error_type,
                                                       "status": status, **tags})
+            for model in self.models:
+                declare_at_zero(self.key_items, {"key": key, "model": model})
+                declare_at_zero(self.key_tokens, {"key": key, "model": model})
             self._declared.add(key)
 
     def answered(self, route: str, status: int, seconds: float,
                  error_type: str | None = None, key: str = NO_KEY, model: str = NO_MODEL,
-                 items: int = 0) -> None:
+                 items: int = 0, tokens: int = 0) -> None:
         """One request of `route` from API key id `key` for `model` finished with `status`
-        (`error_type` when it failed; `items` answered when it did not)."""
+        (`error_type` when it failed; `items` answered and `tokens` scored when it did not)."""
         tags = {"status": str(status), "route": route, "model": model}
         self.requests.inc(tags={**tags, "key": key})
         if error_type is not None:
             self.errors.inc(tags={"error_type": error_type, **tags, "key": key})
         elif items:
             self.items.inc(items, tags={"route": route, "model": model})
+            self.key_items.inc(items, tags={"key": key, "model": model})
+            self.key_tokens.inc(tokens, tags={"key": key, "model": model})
         self.latency_ms.observe(seconds * 1e3, tags=tags)

@@ -171,6 +171,7 @@ class ApiError(Exception):
             408: "RequestTimeoutError",
             413: "RequestTooLargeError",
             422: "UnprocessableEntityError",
+            429: "RateLimitError",
             503: "ServiceUnavailableError",
         }.get(self.status, "InternalServerError" if self.status >= 500 else "BadRequestError")
 

@@ -14,8 +14,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
-# The ids of the shared service's API keys: tests/cpu/test_api_keys_http.py revokes the last.
-KEY_IDS = ("team-a", "team-b", "revoked-team")
+# The ids of the shared service's API keys: tests/cpu/test_api_keys_http.py revokes
+# "revoked-team"; "quota-team" alone has a quota, for tests/cpu/test_quotas_http.py.
+KEY_IDS = ("team-a", "team-b", "revoked-team", "quota-team")
+QUOTAS = {"quota-team": " rpm=1000 tpm=1000"}
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +30,8 @@ def api_keys(tmp_path_factory) -> dict[str, str]:
 def api_keys_file(tmp_path_factory, api_keys):
     path = tmp_path_factory.mktemp("api-keys") / "keys"
     path.write_text("# id:key, one per calling team\n"
-                    + "".join(f"{key_id}:{key}\n" for key_id, key in api_keys.items()))
+                    + "".join(f"{key_id}:{key}{QUOTAS.get(key_id, '')}\n"
+                              for key_id, key in api_keys.items()))
     return path
 
 

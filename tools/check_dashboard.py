@@ -76,7 +76,8 @@ RATE = re.compile(r"rate\((ray_ranker_\w+_total)(\{[^}]*\})?\[1m\]\)")
 # reads the board as Grafana does with "All" chosen (the variable's allValue).
 MODEL_FILTER = 'model=~"$model"'
 MODEL_METRICS = ("ray_ranker_requests_total", "ray_ranker_errors_total",
-                 "ray_ranker_request_latency_ms_bucket", "ray_ranker_items_total")
+                 "ray_ranker_request_latency_ms_bucket", "ray_ranker_items_total",
+                 "ray_ranker_key_items_total", "ray_ranker_key_tokens_total")
 
 # Bad requests and the status each must get.
 BAD = [
@@ -91,6 +92,14 @@ BAD = [
 ]
 
 
+def usage_tokens(body: dict) -> int:
+    """A 200's tokens as its usage gives them: /v1/score's `usage.prompt_tokens`, rerank's
+    `meta.tokens.input_tokens`."""
+    if "meta" in body:
+        return body["meta"]["tokens"]["input_tokens"]
+    return body["usage"]["prompt_tokens"]
+
+
 class Traffic:
     """Sends requests and tallies what the service must have counted."""
 
@@ -99,6 +108,7 @@ class Traffic:
         self.answered: Counter[tuple[str, str]] = Counter()  # (route, status) as the ingress sees
         self.serve_refused = 0  # 503s of Serve's proxy: the ingress never saw them (no panel)
         self.items_scored = 0  # items of the answered 200s
+        self.tokens_scored = 0  # tokens of the answered 200s, as their usage says
         self.refused = 0  # 503s with the scorer's envelope: refused by a scorer
         self.shed = 0  # 503s the ingress answered before reading (serve_app/shedding.py)
         self.abandoned = 0  # hung up by the client or timed out (408)
@@ -114,6 +124,8 @@ class Traffic:
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
                 text = await r.text()
                 status = r.status
+                if status == 200:
+                    self.tokens_scored += usage_tokens(json.loads(text))
         except TimeoutError:
             status, text = 0, ""
         self.scenes.setdefault(scene, Counter())[status] += 1
@@ -273,6 +285,8 @@ def zero_series() -> dict[str, int]:
     `model`: the served model and NO_MODEL, the service having no adapters)."""
     return {"ray_ranker_requests_total": len(ROUTES) * (1 + len(ERRORS)) * 2,
             "ray_ranker_errors_total": len(ROUTES) * len(ERRORS) * 2,
+            "ray_ranker_key_items_total": 2,
+            "ray_ranker_key_tokens_total": 2,
             "ray_ranker_scorer_retries_total": 1,
             "ray_ranker_items_scored_total": 1,
             "ray_ranker_sequences_dropped_total": 1,
@@ -297,6 +311,10 @@ def expected_counts(metric: str, keys: tuple[str, ...], traffic: Traffic,
                       "error_type": kinds.get(status, "")}
             counts[tuple(labels[k] for k in keys)] += n
         return {k: float(v) for k, v in counts.items()}
+    if metric in ("ray_ranker_key_items_total", "ray_ranker_key_tokens_total"):
+        tally = traffic.items_scored if metric == "ray_ranker_key_items_total" else \
+            traffic.tokens_scored
+        return {tuple({"key": NO_KEY}[k] for k in keys): float(tally)}
     return {(): {"ray_ranker_items_scored_total": traffic.items_scored,
                  "ray_ranker_requests_rejected_total": traffic.refused,
                  "ray_ranker_sequences_dropped_total": dropped,

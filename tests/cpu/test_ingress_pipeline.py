@@ -15,7 +15,8 @@ from serve_app.ingress import ScoreIngress
 from serve_app.protocol import ApiError
 
 LOGPROBS = [-0.5, -1.5]  # what the stand-in scorer answers for every item
-TIMING_PARTS = ["parse", "tokenize", "pack", "worker", "hop", "queue", "compute", "ingress"]
+TIMING_PARTS = ["parse", "tokenize", "pack", "quota", "worker", "hop", "queue", "compute",
+                "ingress"]
 
 
 class _Scorer:
@@ -40,9 +41,10 @@ class _Metrics:
         self.tokenized = []
 
     def answered(self, route, status, seconds, error_type=None, key="none", model="-",
-                 items=0) -> None:
+                 items=0, tokens=0) -> None:
         assert key == "none"  # auth is off: no API key id
         self.answered_as.append((route, status, error_type, model, items))
+        self.tokens = tokens
 
 
 class _Request:
@@ -90,6 +92,7 @@ def test_score_with_token_ids(ingress):
     assert ingress.worker.jobs[0].label_ids == [7, 8]
     assert _timing_parts(response) == TIMING_PARTS
     assert ingress.metrics.answered_as == [("/v1/score", 200, None, SERVED, 2)]
+    assert ingress.metrics.tokens == 8  # the key's usage: the response's prompt_tokens
     assert ingress.metrics.tokenized == []  # token ids: nothing tokenized, nothing observed
 
 

@@ -184,6 +184,11 @@ class SchedulerConfig(_Settings):
         0, ge=0, description="the load bound (docs/ARCHITECTURE.md, 'Load control'): a job that "
         "could not start within it at the replica's measured throughput is answered 503 at "
         "once, and one that waited longer anyway too, never computed late; 0 = no bound")
+    bulk_floor_share: float = Field(
+        0.1, ge=0, le=1, description="while bulk work (keys with priority=bulk) waits, the "
+        "share of each batch's token budget it takes ahead of online work, so that it is never "
+        "starved (docs/OPERATIONS.md, 'Priorities'); the rest of the batch is online work's "
+        "first")
 
     @model_validator(mode="before")
     @classmethod

@@ -198,6 +198,9 @@ class ScoreJob:
     # Whose prefix-cache entries the job reads and fills (AuthConfig.cache_owner): a query
     # another tenant cached is a miss here. "": auth off, one tenant.
     cache_owner: str = ""
+    # The key's priority class (docs/OPERATIONS.md, "Priorities"): bulk work runs in what
+    # online work leaves, with a floor share of each batch, and is refused first.
+    bulk: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,10 +3,11 @@ ASGI middleware that refuses the others before any route code runs.
 
 Keys come from a file or an environment variable (ranker_contract/config.py, AuthConfig), one
 `id:key` (or `id key`) entry each, optionally followed by the key's quota (`rpm=N tpm=N`,
-serve_app/quotas.py); the id names the calling team in metrics and logs, the key itself is
-never logged, counted or echoed. Only SHA-256 digests of the keys are kept, and a
-presented key is compared with every one of them with hmac.compare_digest: the time taken does
-not depend on which key, or how much of one, matched.
+serve_app/quotas.py) and priority class (`priority=bulk`; online by default); the id names the
+calling team in metrics and logs, the key itself is never logged, counted or echoed. Only
+SHA-256 digests of the keys are kept, and a presented key is compared with every one of them
+with hmac.compare_digest: the time taken does not depend on which key, or how much of one,
+matched.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ REFUSED_KEY = "-"  # the `key` label of a request refused for a missing or wrong
 OPEN_PATHS = frozenset({"/health"})  # everything else needs a key, unknown routes included
 KEY_ID_SCOPE = "ranker.api_key_id"  # where the middleware leaves the caller's id for the routes
 MIN_KEY_CHARS = 16
+PRIORITY_FIELD, PRIORITIES = "priority=", ("online", "bulk")
 RELOAD_CHECK_S = 1.0  # the key file's mtime is looked at most this often
 _ENTRY = re.compile(r"(?P<id>[A-Za-z0-9_.-]{1,64})\s*[:\s]\s*(?P<key>\S+)(?P<quota>(\s+\S+)*)")
 
@@ -42,13 +44,14 @@ _ENTRY = re.compile(r"(?P<id>[A-Za-z0-9_.-]{1,64})\s*[:\s]\s*(?P<key>\S+)(?P<quo
 class ApiKey:
     digest: bytes  # SHA-256 of the key
     quota: Quota = NO_QUOTA
+    bulk: bool = False  # priority=bulk: its work runs in what online work leaves (ScoreJob.bulk)
 
 
 def parse_keys(text: str, source: str, commas: bool = False) -> dict[str, ApiKey]:
-    """id -> its key's digest and quota, from `id:key` / `id key` entries, each optionally
-    followed by `rpm=N` and `tpm=N` (one a line, or also comma-separated for an environment
-    variable; # starts a comment line). Raises ValueError naming `source` and the line, never
-    the key."""
+    """id -> its key's digest, quota and priority class, from `id:key` / `id key` entries,
+    each optionally followed by `rpm=N`, `tpm=N` and `priority=online|bulk` (one a line, or
+    also comma-separated for an environment variable; # starts a comment line). Raises
+    ValueError naming `source` and the line, never the key."""
     entries = re.split(r"[\n,]" if commas else r"\n", text)
     keys: dict[str, ApiKey] = {}
     for number, entry in enumerate(entries, 1):
@@ -66,8 +69,15 @@ def parse_keys(text: str, source: str, commas: bool = False) -> dict[str, ApiKey
         digest = _digest(key.encode())
         if key_id in keys or any(digest == known.digest for known in keys.values()):
             raise ValueError(f"{source}, entry {number}: {key_id!r} repeats an id or a key")
-        quota = parse_quota(match["quota"].split(), f"{source}, entry {number} ({key_id})")
-        keys[key_id] = ApiKey(digest, quota)
+        where = f"{source}, entry {number} ({key_id})"
+        fields = match["quota"].split()
+        priorities = [f for f in fields if f.startswith(PRIORITY_FIELD)]
+        if priorities[1:] or any(p[len(PRIORITY_FIELD):] not in PRIORITIES for p in priorities):
+            raise ValueError(f"{where}: priority must be given once, as priority=online or "
+                             "priority=bulk")
+        bulk = bool(priorities) and priorities[0] == f"{PRIORITY_FIELD}bulk"
+        quota = parse_quota([f for f in fields if f not in priorities], where)
+        keys[key_id] = ApiKey(digest, quota, bulk)
     if not keys:
         raise ValueError(f"{source}: no keys (an empty source would lock every caller out)")
     return keys
@@ -119,6 +129,10 @@ class KeyStore:
     def quota(self, key_id: str) -> Quota:
         known = self._keys.get(key_id)
         return NO_QUOTA if known is None else known.quota
+
+    def bulk(self, key_id: str) -> bool:
+        known = self._keys.get(key_id)
+        return known is not None and known.bulk
 
     def key_id(self, authorization: bytes | None) -> str | None:
         """The id of the key in an `Authorization: Bearer <key>` header value, or None."""

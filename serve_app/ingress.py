@@ -288,7 +288,8 @@ class ScoreIngress:
         packed = time.perf_counter()
         await self.quotas.take(key_id, quota, packed_job.tokens)  # its usage.prompt_tokens
         admitted = time.perf_counter()
-        job = await self._call_worker(packed_job.job(tokens))
+        bulk = self.keys is not None and self.keys.bulk(key_id)
+        job = await self._call_worker(packed_job.job(tokens, bulk))
         scored = time.perf_counter()
         body = model_path.respond(route, req, tokens, packed_job, job.results)
         seen.items, seen.tokens = len(tokens.items), packed_job.tokens

@@ -36,9 +36,9 @@ class Packed:
     model: str | None = None  # one of `models` (ScoreJob.model)
     cache_owner: str = ""  # ScoreJob.cache_owner
 
-    def job(self, tokens: Tokenized) -> ScoreJob:
+    def job(self, tokens: Tokenized, bulk: bool = False) -> ScoreJob:
         return ScoreJob(self.sequences, tokens.label_ids, self.key, self.adapter, self.model,
-                        self.cache_owner)
+                        self.cache_owner, bulk)
 
     @property
     def tokens(self) -> int:

@@ -85,6 +85,7 @@ class ScoreTask:
     # number a request names it by
     adapter: int = 0
     cache_owner: str = ""  # whose prefix-cache entries it reads and fills (ScoreJob's)
+    bulk: bool = False  # its job's priority class (ScoreJob.bulk)
     # Both guarded by the scheduler's lock. `off_queue`: it left the queued count (picked into a
     # batch or dropped). `abandoned`: its caller went away while it was counted queued, so it
     # counts as queued no more (Scheduler.depth): the loop drops it at its next pick, which may
@@ -194,11 +195,19 @@ class Scheduler:
         self.max_batch_sequences = cfg.max_batch_sequences
         self.overlap = cfg.overlap and engine.asynchronous
         self.max_queue_wait_s = cfg.max_queue_wait_s
+        self.bulk_floor_share = cfg.bulk_floor_share
         self.throughput = Throughput(capacity_tokens_per_s,
                                      int(FULL_BATCH_SHARE * batch_token_budget))
         self._last_done = 0.0  # time.perf_counter() when the last batch's results were read
         self._incoming: queue.SimpleQueue[tuple[ScoreTask, ...]] = queue.SimpleQueue()
+        # Online and bulk tasks wait apart: a batch takes bulk's floor share, then online work,
+        # then bulk again in what is left (_pick).
         self._waiting: collections.deque[ScoreTask] = collections.deque()
+        self._bulk_waiting: collections.deque[ScoreTask] = collections.deque()
+        # Tokens bulk may take ahead of online work: a floor share of each batch's budget,
+        # accrued while bulk waits, at most one budget.
+        self._bulk_credit = 0
+        self._bulk_deferred = False  # the last batch left bulk's share out (_pick)
         self.adapters = adapters
         if adapters is not None:
             adapters.on_read_done = lambda: self._incoming.put(())  # wakes the loop
@@ -207,6 +216,7 @@ class Scheduler:
         self._lock = threading.Lock()  # guards the counters below
         self._queued = Load()  # submitted and not yet launched
         self._abandoned = Load()  # of those, the tasks whose caller went away (ScoreTask)
+        self._queued_bulk = Load()  # of the queued ones not abandoned, those of bulk jobs
         self._inflight = Load()  # launched and not yet finished
         self.batches_run = 0
         self.batches_abandoned = 0  # stopped part-way: every caller had gone (BatchAbandoned)
@@ -226,8 +236,10 @@ class Scheduler:
         batch are launched in one (the loop never wakes to a part of them). Each task's on_done
         runs on the loop thread."""
         tokens = sum(t.num_tokens for t in tasks)
+        bulk = [t for t in tasks if t.bulk]
         with self._lock:
             self._queued.add(tokens, len(tasks))
+            self._queued_bulk.add(sum(t.num_tokens for t in bulk), len(bulk))
         self._incoming.put(tasks)
 
     async def run_job(self, job: ScoreJob) -> ScoredJob:
@@ -237,7 +249,9 @@ class Scheduler:
         Admission, with `max_queue_wait_s` > 0: a job that could not start within it, the
         tokens ahead of it (queued and in flight) being more than the throughput computes in
         that time (`queue_bound_tokens`; without a rate, none is refused here), raises
-        ScorerOverloaded, nothing queued. A job always gets in when nothing waits, so a
+        ScorerOverloaded, nothing queued. An online job counts only the online tokens queued
+        ahead (bulk ones run after it, but for bulk's floor share), a bulk job every one: so
+        bulk is refused first. A job always gets in when nothing waits, so a
         request larger than the bound is slow, never refused forever. A job none of whose
         sequences has started `max_queue_wait_s` after it arrived (the estimate was wrong)
         fails the same way, its sequences dropped unscored; once one has started, the rest
@@ -245,9 +259,13 @@ class Scheduler:
         """
         depth = self.depth()
         tokens = sum(seq.num_tokens for seq in job.sequences)
-        ahead = depth.queued_tokens + depth.inflight_tokens
+        queued = depth.queued_tokens
+        if not job.bulk:
+            with self._lock:
+                queued -= self._queued_bulk.tokens
+        ahead = queued + depth.inflight_tokens
         bound = self.queue_bound_tokens()
-        if bound is not None and depth.queued_tokens > 0 and ahead > bound:
+        if bound is not None and queued > 0 and ahead > bound:
             with self._lock:
                 self.refused_tokens += tokens
             raise ScorerOverloaded(
@@ -262,7 +280,7 @@ class Scheduler:
             # futures; the loop thread reads fut.cancelled() and drops the task unscored.
             tasks.append(ScoreTask(seq, job.label_ids, _resolver(loop, fut), fut.cancelled,
                                    arrived, job=start, adapter=job.adapter,
-                                   cache_owner=job.cache_owner))
+                                   cache_owner=job.cache_owner, bulk=job.bulk))
             futures.append(fut)
         self.submit(*tasks)
         try:
@@ -283,6 +301,8 @@ class Scheduler:
                 if not task.off_queue and not task.abandoned:
                     task.abandoned = True
                     self._abandoned.add(task.num_tokens, 1)
+                    if task.bulk:
+                        self._queued_bulk.remove(task.num_tokens, 1)
 
     def _off_queue(self, tasks: list[ScoreTask]) -> None:
         """Take tasks off the queued count (the caller holds the lock)."""
@@ -291,6 +311,8 @@ class Scheduler:
             self._queued.remove(task.num_tokens, 1)
             if task.abandoned:
                 self._abandoned.remove(task.num_tokens, 1)
+            elif task.bulk:
+                self._queued_bulk.remove(task.num_tokens, 1)
 
     def queue_bound_tokens(self) -> int | None:
         """Tokens that may be ahead of a job admitted now: what the measured throughput computes
@@ -322,7 +344,8 @@ class Scheduler:
         inflight: _Launched | None = None
         stuck = False  # the last turn launched nothing though tasks wait (adapters loading)
         while not self._stop.is_set():
-            self._admit(block=inflight is None and (stuck or not self._waiting))
+            self._admit(block=inflight is None
+                        and (stuck or not (self._waiting or self._bulk_waiting)))
             if self.adapters is not None:
                 self._fail_adapters(self.adapters.step())
             launched = None
@@ -350,7 +373,8 @@ class Scheduler:
             pass
 
     def _add_waiting(self, tasks: tuple[ScoreTask, ...]) -> None:
-        self._waiting.extend(tasks)
+        for task in tasks:
+            (self._bulk_waiting if task.bulk else self._waiting).append(task)
         if self.adapters is not None:
             self.adapters.users.update(t.adapter for t in tasks if t.adapter)
 
@@ -363,8 +387,10 @@ class Scheduler:
         """Fail the waiting tasks of adapters that could not be loaded."""
         if not failed:
             return
-        tasks = [t for t in self._waiting if t.adapter in failed]
+        tasks = [t for t in (*self._waiting, *self._bulk_waiting) if t.adapter in failed]
         self._waiting = collections.deque(t for t in self._waiting if t.adapter not in failed)
+        self._bulk_waiting = collections.deque(t for t in self._bulk_waiting
+                                               if t.adapter not in failed)
         with self._lock:
             self._off_queue(tasks)
         self._gone(tasks)
@@ -372,12 +398,43 @@ class Scheduler:
             self._answer(task, failed[task.adapter])
 
     def _pick(self) -> list[ScoreTask]:
+        """The next batch: bulk tasks up to bulk's credit (its floor share, so that bulk is never
+        starved), then online tasks, then bulk ones in what is left of the budget."""
         batch: list[ScoreTask] = []
+        now, tokens = time.monotonic(), 0
+        if not self._bulk_waiting:
+            self._bulk_credit = 0
+        else:
+            self._bulk_credit = min(self._bulk_credit + int(self.bulk_floor_share
+                                                            * self.batch_token_budget),
+                                    self.batch_token_budget)
+            # Not when it would keep the next online task out of the batch (one larger than
+            # the budget runs alone), but then in the batch after: neither class waits forever.
+            front = self._waiting[0].num_tokens if self._waiting else 0
+            if front + self._bulk_credit <= self.batch_token_budget or self._bulk_deferred:
+                tokens = self._fill(batch, self._bulk_waiting, 0, self._bulk_credit, now)
+                self._bulk_credit -= tokens
+                self._bulk_deferred = False
+            else:
+                self._bulk_deferred = True
+        tokens = self._fill(batch, self._waiting, tokens, self.batch_token_budget, now)
+        tokens = self._fill(batch, self._bulk_waiting, tokens, self.batch_token_budget, now)
+        if batch:
+            with self._lock:
+                self._off_queue(batch)
+                self._inflight.add(tokens, len(batch))
+        return batch
+
+    def _fill(self, batch: list[ScoreTask], waiting: collections.deque[ScoreTask], tokens: int,
+              limit: int, now: float) -> int:
+        """Move tasks from the front of `waiting` into `batch` while its tokens stay within
+        `limit` (the budget, or bulk's credit); returns the batch's tokens. Tasks nobody waits
+        for, or that waited too long, are dropped on the way."""
         skipped: list[ScoreTask] = []  # their adapter is not loaded yet: they keep their place
-        tokens = 0
-        now = time.monotonic()
-        while self._waiting and len(batch) < self.max_batch_sequences:
-            task = self._waiting.popleft()
+        # A task bigger than the whole budget still runs, alone; bulk's credit is never passed.
+        alone_ok = limit == self.batch_token_budget
+        while waiting and len(batch) < self.max_batch_sequences:
+            task = waiting.popleft()
             if task.cancelled():  # its caller disconnected or timed out: never computed
                 self._drop(task)
                 self.cancelled_dropped += 1
@@ -395,19 +452,14 @@ class Scheduler:
             if self.adapters is not None and not self.adapters.ready(task.adapter):
                 skipped.append(task)
                 continue
-            # A task bigger than the whole budget still runs, alone.
-            if batch and tokens + task.num_tokens > self.batch_token_budget:
-                self._waiting.appendleft(task)
+            if tokens + task.num_tokens > limit and (batch or not alone_ok):
+                waiting.appendleft(task)
                 break
             batch.append(task)
             task.job.started = True
             tokens += task.num_tokens
-        self._waiting.extendleft(reversed(skipped))
-        if batch:
-            with self._lock:
-                self._off_queue(batch)
-                self._inflight.add(tokens, len(batch))
-        return batch
+        waiting.extendleft(reversed(skipped))
+        return tokens
 
     def _drop(self, task: ScoreTask) -> None:
         """A task taken off the queue unscored."""
@@ -494,8 +546,9 @@ class Scheduler:
 
     def _fail_all_waiting(self, exc: BaseException) -> None:
         self._admit(block=False)
-        tasks = list(self._waiting)
+        tasks = [*self._waiting, *self._bulk_waiting]
         self._waiting.clear()
+        self._bulk_waiting.clear()
         with self._lock:
             self._off_queue(tasks)
             self._inflight.add(sum(t.num_tokens for t in tasks), len(tasks))

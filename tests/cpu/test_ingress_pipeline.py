@@ -11,6 +11,7 @@ import pytest
 
 from ranker_contract.config import AppConfig
 from ranker_contract.packing import ScoredJob
+from serve_app.auth import KEY_ID_SCOPE, require_keys
 from serve_app.ingress import ScoreIngress
 from serve_app.protocol import ApiError
 
@@ -207,3 +208,29 @@ def test_a_calibration_file_is_checked_at_start(tmp_path):
         _calibrated_ingress(tmp_path, {"other": {"method": "platt", "a": 1.0, "b": 0.0}})
     with pytest.raises(ValueError, match="calibration: .* is not a calibration file"):
         AppConfig(calibration=str(tmp_path / "missing.json")).calibrations()
+
+
+class _AnyKeyMetrics(_Metrics):
+    def answered(self, route, status, seconds, error_type=None, key="none", model="-",
+                 items=0, tokens=0) -> None:
+        self.answered_as.append((route, status, error_type, key, items))
+
+
+def test_a_bulk_keys_jobs_are_bulk_and_an_online_keys_are_not(monkeypatch):
+    # serve_app/auth.py parses the class; here the ingress must carry it into each ScoreJob.
+    monkeypatch.setenv("PIPELINE_KEYS", f"etl:{'e' * 16} priority=bulk, web:{'w' * 16}")
+    user_class = ScoreIngress.func_or_class.__bases__[0]
+    instance = user_class.__new__(user_class)
+    try:
+        user_class.__init__(instance, _Scorer(), AppConfig(auth={"api_keys_env": "PIPELINE_KEYS"}))
+    finally:
+        require_keys(None, lambda path: None)  # the middleware of this process: auth off again
+    body = {"query": [1, 2], "items": [[3]], "label_token_ids": [7, 8]}
+    for key_id, bulk in (("etl", True), ("web", False)):
+        request = _Request(body)
+        request.scope[KEY_ID_SCOPE] = key_id
+        instance.worker, instance.metrics = _Scorer(), _AnyKeyMetrics()
+        response = asyncio.run(instance._observed("/v1/score", request))
+        assert response.status_code == 200
+        assert [job.bulk for job in instance.worker.jobs] == [bulk]
+        assert instance.metrics.answered_as == [("/v1/score", 200, None, key_id, 1)]

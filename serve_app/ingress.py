@@ -213,7 +213,9 @@ class ScoreIngress:
             keys.on_reload = self.metrics.declare_keys
         require_keys(keys, self._refused)
         self.scorers = ScorerWatch(worker)
-        self.shedding = Shedding()
+        # One per priority class, each following the scorers' answers to its own jobs: past
+        # capacity the scorers refuse bulk work, so bulk requests are shed and online ones not.
+        self.shedding = {False: Shedding(), True: Shedding()}  # by ScoreJob.bulk
         self.timeout_s = serve_timeout_s()
 
     @app.post(SCORE, response_model=ScoreResponse, openapi_extra=_SCORE_OPENAPI,
@@ -237,7 +239,8 @@ class ScoreIngress:
         status, error_type = 500, "InternalServerError"
         seen = _Seen()
         try:
-            if self.shedding.shed():  # far past capacity: not even read (serve_app/shedding.py)
+            bulk = self.keys is not None and self.keys.bulk(request.scope.get(KEY_ID_SCOPE))
+            if self.shedding[bulk].shed():  # far past capacity: not even read (shedding.py)
                 raise _at_capacity(1, "shedding")
             timeout_s = request_timeout_s(request.headers.get(TIMEOUT_HEADER), self.timeout_s)
             deadline = asyncio.timeout(None if timeout_s is None else answer_by_s(timeout_s))
@@ -329,7 +332,7 @@ class ScoreIngress:
             try:
                 result = await _answer(self.worker.score.remote(job), self.scorers)
             except BackPressureError as exc:  # Serve's queue in front of the scorers is full
-                self.shedding.answered(refused=True)
+                self.shedding[job.bulk].answered(refused=True)
                 raise _at_capacity(exc.retry_after_s) from None
             except DeploymentUnavailableError:  # the scorer deployment failed to deploy
                 raise _no_scorer("the scorer deployment failed") from None
@@ -350,7 +353,7 @@ class ScoreIngress:
                 logger.exception("scoring failed")
                 raise ApiError(500, f"scoring failed: {type(exc).__name__}") from None
             overloaded = isinstance(result, ScorerOverloaded)
-            self.shedding.answered(refused=overloaded)
+            self.shedding[job.bulk].answered(refused=overloaded)
             if overloaded:  # the scorer's answer, not a failure
                 logger.info("refused: %s", result)
                 raise _at_capacity(result.retry_after_s, str(result))

@@ -92,7 +92,8 @@ class _PendingHandle:
 def _ingress(handle, scorers: _Scorers | None = None) -> SimpleNamespace:
     # The method only needs these attributes; the Serve-wrapped class is not built outside Serve.
     return SimpleNamespace(worker=handle, metrics=SimpleNamespace(retries=_Count()),
-                           scorers=scorers or _Scorers(), shedding=Shedding())
+                           scorers=scorers or _Scorers(),
+                           shedding={False: Shedding(), True: Shedding()})
 
 
 def _call(ingress: SimpleNamespace):

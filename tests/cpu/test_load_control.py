@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from ranker_contract.config import AppConfig, SchedulerConfig
 from ranker_contract.errors import ScorerOverloaded
-from ranker_contract.packing import ScoreJob, pack_plain
+from ranker_contract.packing import ScoredJob, ScoreJob, pack_plain
 from serve_app import shedding
+from serve_app.auth import KEY_ID_SCOPE
 from serve_app.ingress import ScoreIngress, ScorerWatch
 from serve_app.protocol import ApiError
 from serve_app.shedding import Shedding
@@ -122,7 +123,8 @@ class _UnreadRequest:
 
 def test_a_shed_request_is_answered_503_before_its_body_is_read():
     metrics = _Metrics()
-    ingress = SimpleNamespace(shedding=SimpleNamespace(shed=lambda: True), metrics=metrics)
+    ingress = SimpleNamespace(keys=None, shedding={False: SimpleNamespace(shed=lambda: True)},
+                              metrics=metrics)
     observed = ScoreIngress.func_or_class._observed
     with pytest.raises(ApiError) as refused:
         asyncio.run(observed(ingress, "/v1/score", _UnreadRequest()))
@@ -147,14 +149,48 @@ def test_every_scorer_answer_feeds_the_shedding():
     job = ScoreJob([pack_plain([3, 4, 5], 0)], [0, 1])
     call = ScoreIngress.func_or_class._call_worker
     for answer in (ScorerOverloaded("full"), "scores"):
-        ingress = SimpleNamespace(worker=_Worker(answer), scorers=None,
-                                  shedding=SimpleNamespace(answered=lambda refused: seen.append(
-                                      refused)))
+        ingress = SimpleNamespace(worker=_Worker(answer), scorers=None, shedding={
+            False: SimpleNamespace(answered=lambda refused: seen.append(refused))})
         try:
             asyncio.run(call(ingress, job))
         except ApiError as exc:
             assert exc.status == 503 and "full" in exc.envelope()["error"]["message"]
     assert seen == [True, False]
+
+
+def test_each_priority_class_is_shed_on_the_refusals_of_its_own_jobs():
+    # Past capacity the scorers refuse bulk jobs (their bound counts every token queued) and
+    # admit online ones: only bulk requests may then be shed before they are read.
+    ingress = SimpleNamespace(shedding={False: Shedding(), True: Shedding()},
+                              worker=_Worker(ScorerOverloaded("full")), scorers=None)
+    call = ScoreIngress.func_or_class._call_worker
+    for _ in range(20):
+        with pytest.raises(ApiError):
+            asyncio.run(call(ingress, ScoreJob([pack_plain([3, 4], 0)], [0], bulk=True)))
+    assert ingress.shedding[True].share > 0 and ingress.shedding[False].share == 0
+    ingress.worker = _Worker(ScoredJob([[[0.0]]], queued_s=0.0, computed_s=0.0))
+    asyncio.run(call(ingress, ScoreJob([pack_plain([3, 4], 0)], [0])))
+    assert ingress.shedding[False].share == 0
+
+    async def pipeline(path, request, started, seen):
+        read.append(request.scope[KEY_ID_SCOPE])
+        return SimpleNamespace(status_code=200)
+
+    metrics, read = _Metrics(), []
+    ingress.shedding[True] = SimpleNamespace(shed=lambda: True)
+    ingress.shedding[False] = SimpleNamespace(shed=lambda: False)
+    observed = ScoreIngress.func_or_class._observed
+    for key_id, status in (("etl", 503), ("web", 200)):
+        served = SimpleNamespace(keys=SimpleNamespace(bulk=lambda key: key == "etl"),
+                                 shedding=ingress.shedding, metrics=metrics, timeout_s=None,
+                                 _pipeline=pipeline)
+        request = SimpleNamespace(scope={KEY_ID_SCOPE: key_id}, headers={})
+        try:
+            assert asyncio.run(observed(served, "/v1/score", request)).status_code == status
+        except ApiError as exc:
+            assert exc.status == status and "shedding" in exc.message
+    assert read == ["web"]  # the bulk request was answered unread
+    assert [status for _, status, _ in metrics.answers] == [503, 200]
 
 
 def test_the_watch_counts_running_scorers_and_never_refuses_on_a_guess(monkeypatch):

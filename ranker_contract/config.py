@@ -189,11 +189,6 @@ class SchedulerConfig(_Settings):
         "share of each batch's token budget it takes ahead of online work, so that it is never "
         "starved (docs/OPERATIONS.md, 'Priorities'); the rest of the batch is online work's "
         "first")
-    bulk_batch_tokens: int = Field(
-        0, ge=0, description="while online work comes, the most tokens of bulk work a batch "
-        "takes beyond bulk's floor share (0: the whole budget): an online request arriving "
-        "behind bulk batches waits for short ones, at some of bulk's throughput; with no "
-        "online work for a second, bulk fills whole batches again")
 
     @model_validator(mode="before")
     @classmethod

@@ -145,8 +145,6 @@ class QueueDepth:
 # A batch of at least this share of the budget measures the device's throughput: smaller ones
 # are launch-bound and would read the capacity low.
 FULL_BATCH_SHARE = 0.5
-# Online work that arrived this recently keeps bulk batches at scheduler.bulk_batch_tokens.
-ONLINE_RECENT_S = 1.0
 THROUGHPUT_SMOOTHING = 0.3  # weight of the newest full batch in the moving average
 
 
@@ -198,7 +196,6 @@ class Scheduler:
         self.overlap = cfg.overlap and engine.asynchronous
         self.max_queue_wait_s = cfg.max_queue_wait_s
         self.bulk_floor_share = cfg.bulk_floor_share
-        self.bulk_batch_tokens = cfg.bulk_batch_tokens or batch_token_budget
         self.throughput = Throughput(capacity_tokens_per_s,
                                      int(FULL_BATCH_SHARE * batch_token_budget))
         self._last_done = 0.0  # time.perf_counter() when the last batch's results were read
@@ -211,7 +208,6 @@ class Scheduler:
         # accrued while bulk waits, at most one budget.
         self._bulk_credit = 0
         self._bulk_deferred = False  # the last batch left bulk's share out (_pick)
-        self._online_seen = float("-inf")  # time.monotonic() when online work last arrived
         self.adapters = adapters
         if adapters is not None:
             adapters.on_read_done = lambda: self._incoming.put(())  # wakes the loop
@@ -379,8 +375,6 @@ class Scheduler:
     def _add_waiting(self, tasks: tuple[ScoreTask, ...]) -> None:
         for task in tasks:
             (self._bulk_waiting if task.bulk else self._waiting).append(task)
-        if not all(t.bulk for t in tasks):
-            self._online_seen = time.monotonic()
         if self.adapters is not None:
             self.adapters.users.update(t.adapter for t in tasks if t.adapter)
 
@@ -405,9 +399,7 @@ class Scheduler:
 
     def _pick(self) -> list[ScoreTask]:
         """The next batch: bulk tasks up to bulk's credit (its floor share, so that bulk is never
-        starved), then online tasks, then bulk ones in what is left of the budget; while online
-        work comes (within ONLINE_RECENT_S), at most `bulk_batch_tokens` of bulk in a batch, so
-        that an online request waits for short batches."""
+        starved), then online tasks, then bulk ones in what is left of the budget."""
         batch: list[ScoreTask] = []
         now, tokens = time.monotonic(), 0
         if not self._bulk_waiting:
@@ -420,18 +412,13 @@ class Scheduler:
             # the budget runs alone), but then in the batch after: neither class waits forever.
             front = self._waiting[0].num_tokens if self._waiting else 0
             if front + self._bulk_credit <= self.batch_token_budget or self._bulk_deferred:
-                tokens = self._fill(batch, self._bulk_waiting, 0, self._bulk_credit, now,
-                                    alone_ok=self._bulk_credit >= self.batch_token_budget)
+                tokens = self._fill(batch, self._bulk_waiting, 0, self._bulk_credit, now)
                 self._bulk_credit -= tokens
                 self._bulk_deferred = False
             else:
                 self._bulk_deferred = True
-        bulk_tokens = tokens
         tokens = self._fill(batch, self._waiting, tokens, self.batch_token_budget, now)
-        bulk_limit = self.batch_token_budget
-        if now - self._online_seen < ONLINE_RECENT_S:
-            bulk_limit = min(bulk_limit, tokens + max(0, self.bulk_batch_tokens - bulk_tokens))
-        tokens = self._fill(batch, self._bulk_waiting, tokens, bulk_limit, now)
+        tokens = self._fill(batch, self._bulk_waiting, tokens, self.batch_token_budget, now)
         if batch:
             with self._lock:
                 self._off_queue(batch)
@@ -439,12 +426,13 @@ class Scheduler:
         return batch
 
     def _fill(self, batch: list[ScoreTask], waiting: collections.deque[ScoreTask], tokens: int,
-              limit: int, now: float, alone_ok: bool = True) -> int:
+              limit: int, now: float) -> int:
         """Move tasks from the front of `waiting` into `batch` while its tokens stay within
-        `limit`; returns the batch's tokens. A task over the limit still runs alone in an empty
-        batch if `alone_ok` (one bigger than the whole budget must run somewhere). Tasks nobody
-        waits for, or that waited too long, are dropped on the way."""
+        `limit` (the budget, or bulk's credit); returns the batch's tokens. Tasks nobody waits
+        for, or that waited too long, are dropped on the way."""
         skipped: list[ScoreTask] = []  # their adapter is not loaded yet: they keep their place
+        # A task bigger than the whole budget still runs, alone; bulk's credit is never passed.
+        alone_ok = limit == self.batch_token_budget
         while waiting and len(batch) < self.max_batch_sequences:
             task = waiting.popleft()
             if task.cancelled():  # its caller disconnected or timed out: never computed

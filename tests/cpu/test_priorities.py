@@ -116,19 +116,3 @@ def test_a_key_entry_names_its_priority_class():
     for bad in ("priority=urgent", "priority=bulk priority=bulk"):
         with pytest.raises(ValueError, match="priority must be given once"):
             parse_keys("etl:" + "e" * 16 + f" {bad}\n", "src")
-
-
-def test_while_online_work_comes_bulk_batches_are_kept_short():
-    scheduler = Scheduler(FakeEngine(asynchronous=False),
-                          SchedulerConfig(max_batch_sequences=64, bulk_floor_share=0.0,
-                                          bulk_batch_tokens=300),
-                          batch_token_budget=BUDGET)
-    tasks = [(100, True)] * 10 + [(100, False)] * 2
-    _, batches = _run(scheduler, tasks)
-    # Online work arrived just now: every batch holds at most 300 tokens of bulk.
-    assert batches == [[10, 11, 0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
-    # With no online work, bulk fills whole batches.
-    alone = Scheduler(FakeEngine(asynchronous=False),
-                      SchedulerConfig(max_batch_sequences=64, bulk_batch_tokens=300),
-                      batch_token_budget=BUDGET)
-    assert _run(alone, [(100, True)] * 12)[1] == [list(range(10)), [10, 11]]

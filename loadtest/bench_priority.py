@@ -1,7 +1,7 @@
 """Priority classes under load on one GPU (docs/OPERATIONS.md, "Priorities"; the tenancy issue's
 figure): an online key at 20% of capacity while a bulk key (`priority=bulk`) offers 3× it.
 
-    python -m loadtest.bench_priority --out docs/results/priority/priority.json
+    python -m loadtest.bench_priority --out docs/results/priority/priority.json [--commit C]
 
 Starts configs/score-gpu.yaml with API keys on (two keys: `online`, and `bulk` with
 priority=bulk), then, on the bench shape as text (120-token query, 10 items of 180):
@@ -102,6 +102,8 @@ async def measure(url: str, keys: dict[str, str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", help="the commit measured, where the tree is a copy that "
+                        "git does not describe (the GPU machine's)")
     args = parser.parse_args()
     keys = {"online": f"rk-online-{secrets.token_urlsafe(18)}",
             "bulk": f"rk-bulk-{secrets.token_urlsafe(18)}"}
@@ -110,7 +112,7 @@ def main() -> int:
     with serving(_config(keys_file), ENV) as service:
         figures = asyncio.run(measure(service.url, keys))
     out = {"meta": {"tool": "loadtest/bench_priority.py", "command": " ".join(sys.argv),
-                    "gpu": _gpu(), "commit": _commit(),
+                    "gpu": _gpu(), "commit": args.commit or _commit(),
                     "workload": {**SHAPE, "text": "natural", "bulk_multiple": BULK_MULTIPLE,
                                  "online_share": ONLINE_SHARE}},
            **figures}

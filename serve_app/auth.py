@@ -37,7 +37,7 @@ KEY_ID_SCOPE = "ranker.api_key_id"  # where the middleware leaves the caller's i
 MIN_KEY_CHARS = 16
 PRIORITY_FIELD, PRIORITIES = "priority=", ("online", "bulk")
 RELOAD_CHECK_S = 1.0  # the key file's mtime is looked at most this often
-_ENTRY = re.compile(r"(?P<id>[A-Za-z0-9_.-]{1,64})\s*[:\s]\s*(?P<key>\S+)(?P<quota>(\s+\S+)*)")
+_ENTRY = re.compile(r"(?P<id>[A-Za-z0-9_.-]{1,64})\s*[:\s]\s*(?P<key>\S+)(?P<fields>(\s+\S+)*)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ def parse_keys(text: str, source: str, commas: bool = False) -> dict[str, ApiKey
         if key_id in keys or any(digest == known.digest for known in keys.values()):
             raise ValueError(f"{source}, entry {number}: {key_id!r} repeats an id or a key")
         where = f"{source}, entry {number} ({key_id})"
-        fields = match["quota"].split()
+        fields = match["fields"].split()  # the quota and priority class
         priorities = [f for f in fields if f.startswith(PRIORITY_FIELD)]
         if priorities[1:] or any(p[len(PRIORITY_FIELD):] not in PRIORITIES for p in priorities):
             raise ValueError(f"{where}: priority must be given once, as priority=online or "

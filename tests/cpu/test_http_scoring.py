@@ -34,11 +34,12 @@ def test_server_timing_header_breaks_down_the_ingress_time(client):
     r = client.post("/v1/score",
                     json={"query": "q", "items": ["a", "b"], "label_token_ids": LABELS})
     parts = dict(p.strip().split(";dur=") for p in r.headers["server-timing"].split(","))
-    assert set(parts) == {"parse", "tokenize", "pack", "worker", "hop", "queue", "compute",
-                          "ingress"}
+    assert set(parts) == {"parse", "tokenize", "pack", "quota", "worker", "hop", "queue",
+                          "compute", "ingress"}
     ms = {k: float(v) for k, v in parts.items()}
     assert all(v >= 0 for v in ms.values())
-    assert ms["parse"] + ms["tokenize"] + ms["pack"] + ms["worker"] <= ms["ingress"] + 0.05
+    assert (ms["parse"] + ms["tokenize"] + ms["pack"] + ms["quota"] + ms["worker"]
+            <= ms["ingress"] + 0.05)
     # The scorer's own split of the worker call: it did compute, and the parts add up.
     assert ms["compute"] > 0
     assert ms["hop"] + ms["queue"] + ms["compute"] == pytest.approx(ms["worker"], abs=0.05)

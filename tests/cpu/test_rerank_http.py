@@ -89,8 +89,8 @@ def test_jina_shape_over_httpx(client):
     assert isinstance(out["id"], str) and out["id"]
     # Server-Timing as for /v1/score.
     parts = dict(p.strip().split(";dur=") for p in r.headers["server-timing"].split(","))
-    assert set(parts) == {"parse", "tokenize", "pack", "worker", "hop", "queue", "compute",
-                          "ingress"}
+    assert set(parts) == {"parse", "tokenize", "pack", "quota", "worker", "hop", "queue",
+                          "compute", "ingress"}
 
 
 def test_empty_documents_and_top_n_larger_than_documents(client):

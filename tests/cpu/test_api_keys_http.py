@@ -12,8 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.service import lines_containing
-from tools.prom import scrape
+from tests.support.service import by_replica, lines_containing
 from tools.service import wait_until
 
 QUERY, DOCS = "What is the capital of France?", ["Bananas are yellow.", "Paris is in France."]
@@ -120,22 +119,13 @@ def test_any_authorization_header_but_a_key_is_a_401(server_url, value):
     assert_refused(r)
 
 
-def _by_replica(service, metric: str, **labels) -> dict[str, float]:
-    """`metric` per ingress replica, summed over the series with `labels`."""
-    counts: dict[str, float] = {}
-    for name, have, value in scrape(service.metrics_url()):
-        if name == metric and all(have.get(k) == v for k, v in labels.items()):
-            counts[have["replica"]] = counts.get(have["replica"], 0.0) + value
-    return counts
-
-
 def test_metrics_count_requests_by_key_id_and_never_show_a_key(served, api_keys):
     # Both ingress replicas declared every key id's series at 0 from start-up.
-    declared = _by_replica(served, "ray_ranker_requests_total", key="revoked-team")
+    declared = by_replica(served, "ray_ranker_requests_total", key="revoked-team")
     assert len(declared) == 2, declared
-    wait_until(lambda: sum(_by_replica(served, "ray_ranker_requests_total", key="team-a",
+    wait_until(lambda: sum(by_replica(served, "ray_ranker_requests_total", key="team-a",
                                        route="/v1/score", status="200").values()) > 0
-               and sum(_by_replica(served, "ray_ranker_errors_total", key="-", status="401",
+               and sum(by_replica(served, "ray_ranker_errors_total", key="-", status="401",
                                    error_type="AuthenticationError").values()) > 0,
                60, "team-a's 200s and the refused requests' 401s counted", served)
     text = httpx.get(served.metrics_url(), timeout=10).text
@@ -162,7 +152,7 @@ def test_removing_a_key_from_the_file_revokes_it_on_every_replica(served, api_ke
                                                                   api_keys):
     revoked = api_keys["revoked-team"]
     assert not _all_refused(served.url, revoked, 1)
-    refused = lambda: _by_replica(served, "ray_ranker_errors_total", key="-",  # noqa: E731
+    refused = lambda: by_replica(served, "ray_ranker_errors_total", key="-",  # noqa: E731
                                   route="/v1/score", status="401")
     before = _settled(refused)
     lines = api_keys_file.read_text().splitlines(keepends=True)

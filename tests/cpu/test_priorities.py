@@ -26,7 +26,13 @@ def _sequence(tokens: int):
     return sequence
 
 
-def _run(scheduler: Scheduler, tasks: list[tuple[int, bool]]) -> tuple[FakeEngine, list]:
+def _loop(**options) -> Scheduler:
+    """A loop on a synchronous fake engine (each batch finished as it is launched)."""
+    return Scheduler(FakeEngine(asynchronous=False),
+                     SchedulerConfig(max_batch_sequences=64, **options), batch_token_budget=BUDGET)
+
+
+def _run(scheduler: Scheduler, tasks: list[tuple[int, bool]]) -> list[list[int]]:
     """Submit (tokens, bulk) tasks before start, wait for all; the ids of each batch's tasks in
     submission order (0, 1, ...)."""
     collector = Collector()
@@ -39,17 +45,15 @@ def _run(scheduler: Scheduler, tasks: list[tuple[int, bool]]) -> tuple[FakeEngin
     finally:
         scheduler.stop()
     index = {id(seq): i for i, seq in enumerate(sequences)}
-    return scheduler.engine, [[index[s] for s in batch] for batch in scheduler.engine.batches]
+    return [[index[s] for s in batch] for batch in scheduler.engine.batches]
 
 
 def test_online_work_goes_first_and_bulk_keeps_its_floor_share():
     # 30 bulk tasks of 100 tokens were queued first, then 30 online ones of 100: with a floor
     # of 0.2, every batch of 1,000 tokens holds 2 bulk tasks and 8 online ones while both wait.
-    scheduler = Scheduler(FakeEngine(asynchronous=False),
-                          SchedulerConfig(max_batch_sequences=64, bulk_floor_share=0.2),
-                          batch_token_budget=BUDGET)
+    scheduler = _loop(bulk_floor_share=0.2)
     tasks = [(100, True)] * 30 + [(100, False)] * 30
-    _, batches = _run(scheduler, tasks)
+    batches = _run(scheduler, tasks)
     bulk_ids = set(range(30))
     online_batches = [b for b in batches if set(b) - bulk_ids]
     assert len(online_batches) == 4  # 30 online tasks at 8 a batch (the last with 6)
@@ -62,21 +66,17 @@ def test_online_work_goes_first_and_bulk_keeps_its_floor_share():
 
 
 def test_without_bulk_waiting_online_fills_the_batch_and_with_a_zero_floor_bulk_waits():
-    scheduler = Scheduler(FakeEngine(asynchronous=False),
-                          SchedulerConfig(max_batch_sequences=64, bulk_floor_share=0.0),
-                          batch_token_budget=BUDGET)
+    scheduler = _loop(bulk_floor_share=0.0)
     tasks = [(100, True)] * 5 + [(100, False)] * 15
-    _, batches = _run(scheduler, tasks)
+    batches = _run(scheduler, tasks)
     assert batches[0] == list(range(5, 15))  # 10 online tasks, no bulk
     assert batches[1] == [*range(15, 20), *range(5)]  # the rest of online, then bulk
 
 
 def test_an_online_task_larger_than_the_budget_still_runs_alone_beside_waiting_bulk():
-    scheduler = Scheduler(FakeEngine(asynchronous=False),
-                          SchedulerConfig(max_batch_sequences=64, bulk_floor_share=0.5),
-                          batch_token_budget=BUDGET)
+    scheduler = _loop(bulk_floor_share=0.5)
     tasks = [(100, True)] * 20 + [(1500, False)]
-    _, batches = _run(scheduler, tasks)
+    batches = _run(scheduler, tasks)
     assert [20] in batches  # alone, once bulk's share was deferred one batch
     assert sorted(i for b in batches for i in b) == list(range(21))
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import QUOTAS
-from tests.support.service import lines_containing, replica_processes
+from tests.support.service import by_replica, lines_containing, replica_processes
 from tools.prom import scrape
 from tools.service import wait_until
 
@@ -29,14 +29,6 @@ MINUTE_S = 60
 def _post(url: str, key: str) -> httpx.Response:
     return httpx.post(f"{url}/v1/score", json=SCORE, headers={"Authorization": f"Bearer {key}"},
                       timeout=60)
-
-
-def _key_items_by_replica(service) -> dict[str, float]:
-    counts: dict[str, float] = {}
-    for name, labels, value in scrape(service.metrics_url()):
-        if name == "ray_ranker_key_items_total" and labels.get("key") == "quota-team":
-            counts[labels["replica"]] = counts.get(labels["replica"], 0.0) + value
-    return counts
 
 
 def _send_at(url: str, key: str, rate: float, until: float, sent: list) -> None:
@@ -70,8 +62,8 @@ def test_a_token_quota_serves_its_minute_across_replicas_and_a_restart(served, a
     # Until the quota is spent and a little past it: about a third of the minute.
     _send_at(url, key, rate, started + MINUTE_S / 3 + 4, sent)
     assert sum(1 for s in sent if s[1] == 200) == allowed, [s[1] for s in sent]
-    wait_until(lambda: len(_key_items_by_replica(served)) == 2
-               and sum(_key_items_by_replica(served).values()) == 2 * allowed, 60,
+    items = lambda: by_replica(served, "ray_ranker_key_items_total", key="quota-team")  # noqa: E731
+    wait_until(lambda: len(items()) == 2 and sum(items().values()) == 2 * allowed, 60,
                "both ingress replicas served quota-team (2 items a request)", served)
 
     # Clients, while the key is still over its quota: Cohere's SDK raises its

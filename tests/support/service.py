@@ -1,10 +1,11 @@
 """Test-only views of a service started by tools/service.py: its replica processes (to kill or
-count), its logs searched for secrets, and a config that refuses nothing."""
+count), a metric per replica, its logs searched for secrets, and a config that refuses nothing."""
 
 from __future__ import annotations
 
 import psutil
 
+from tools.prom import scrape
 from tools.service import Service, deployment
 
 
@@ -31,6 +32,15 @@ def replica_processes(service: Service, deployment_name: str) -> list[psutil.Pro
         except psutil.Error:
             continue
     return found
+
+
+def by_replica(service: Service, metric: str, **labels) -> dict[str, float]:
+    """`metric` per replica, summed over the series with `labels`."""
+    counts: dict[str, float] = {}
+    for name, have, value in scrape(service.metrics_url()):
+        if name == metric and all(have.get(k) == v for k, v in labels.items()):
+            counts[have["replica"]] = counts.get(have["replica"], 0.0) + value
+    return counts
 
 
 def lines_containing(service: Service, secrets: list[str]) -> list[str]:

@@ -289,10 +289,14 @@ class ScoreIngress:
         packed_job = model_path.pack(route, tokens, parsed_request.adapter,
                                      self.cache_owner(request.scope.get(KEY_ID_SCOPE)))
         packed = time.perf_counter()
-        await self.quotas.take(key_id, quota, packed_job.tokens)  # its usage.prompt_tokens
+        charge = await self.quotas.take(key_id, quota, packed_job.tokens)  # usage.prompt_tokens
         admitted = time.perf_counter()
         bulk = self.keys is not None and self.keys.bulk(key_id)
-        job = await self._call_worker(packed_job.job(tokens, bulk))
+        try:
+            job = await self._call_worker(packed_job.job(tokens, bulk))
+        except BaseException:  # not scored (503, 408, the client gone): not the key's to pay
+            self.quotas.refund(charge)
+            raise
         scored = time.perf_counter()
         body = model_path.respond(route, req, tokens, packed_job, job.results)
         seen.items, seen.tokens = len(tokens.items), packed_job.tokens

@@ -8,7 +8,9 @@ on the same count, and an ingress replica that restarts finds it where it was. E
 key with a quota costs one call to the ledger, after packing (when its tokens are known, as the
 response's `usage` counts them); a key without one costs nothing. A refused key is refused by
 its ingress replica alone, before its body is read, until the wait the ledger named has passed:
-traffic far over a quota does not reach the ledger.
+traffic far over a quota does not reach the ledger. An admitted request that no scorer
+answers (refused with 503, past its deadline, its client gone) is given back to the key: only
+what was scored counts.
 
 Over quota: 429 in the error envelope with `Retry-After` (whole seconds, 1 to 60) and
 `retry-after-ms`, which the Cohere and OpenAI clients honour. A request larger than its key's
@@ -93,6 +95,26 @@ class _Window:
             self.buckets.append([second, amount])
         self.total += amount
 
+    def give_back(self, amount: int, second: int) -> None:
+        """Take `amount` out of the bucket of `second` (where it was added), if that second is
+        still in the window."""
+        for bucket in self.buckets:
+            if bucket[0] == second:
+                returned = min(amount, bucket[1])
+                bucket[1] -= returned
+                self.total -= returned
+                return
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """An admitted request's count in the ledger, as a refund names it."""
+
+    key_id: str
+    quota: Quota
+    tokens: int
+    second: int
+
 
 @dataclass(frozen=True, slots=True)
 class Taken:
@@ -100,6 +122,7 @@ class Taken:
 
     wait_s: float
     kind: str = ""  # what is exhausted: "requests_per_minute" or "tokens_per_minute"
+    second: int = 0  # admitted: the second it was counted in (what a refund names)
 
 
 class QuotaWindows:
@@ -132,7 +155,15 @@ class QuotaWindows:
             for kind, amount, limit in asked:
                 if limit is not None:
                     self._window(key, kind).add(amount, int(now))
+            return Taken(0.0, second=int(now))
         return wait
+
+    def refund(self, key: str, quota: Quota, tokens: int, second: int) -> None:
+        """Give back a request admitted in `second` that was not scored."""
+        for kind, amount, limit in (("requests_per_minute", 1, quota.requests_per_minute),
+                                    ("tokens_per_minute", tokens, quota.tokens_per_minute)):
+            if limit is not None:
+                self._window(key, kind).give_back(amount, second)
 
     def usage(self, key: str, quota: Quota) -> dict:
         """The key's limits, what is left of each now, and when all of it is back."""
@@ -172,6 +203,7 @@ class Quotas:
         self.ledger = ledger  # a DeploymentHandle of QuotaLedger (None: auth off, no quotas)
         self.clock = clock
         self._refused_until: dict[str, tuple[float, str]] = {}
+        self._refunds: set[asyncio.Task] = set()  # held until done (asyncio keeps weak refs)
 
     def refuse_early(self, key_id: str) -> None:
         """429 for a key this replica was told is over quota, while its wait lasts."""
@@ -183,11 +215,11 @@ class Quotas:
             raise over_quota(key_id, wait_s, until[1])
         del self._refused_until[key_id]
 
-    async def take(self, key_id: str, quota: Quota, tokens: int) -> None:
+    async def take(self, key_id: str, quota: Quota, tokens: int) -> Charge | None:
         """Count one request of `tokens` against the key's quota, or raise 429 (413 when it
-        could never fit)."""
+        could never fit). Returns what was counted (None: nothing), for `refund`."""
         if not quota.limited or self.ledger is None:
-            return
+            return None
         if quota.tokens_per_minute is not None and tokens > quota.tokens_per_minute:
             raise larger_than_quota(key_id, tokens, quota.tokens_per_minute)
         try:
@@ -196,10 +228,29 @@ class Quotas:
         except Exception as exc:  # noqa: BLE001 - a lost ledger must not refuse every request
             logger.warning("quota ledger unavailable (%s): request of %r admitted uncounted",
                            type(exc).__name__, key_id)
-            return
+            return None
         if taken.wait_s > 0:
             self._refused_until[key_id] = (self.clock() + taken.wait_s, taken.kind)
             raise over_quota(key_id, taken.wait_s, taken.kind)
+        return Charge(key_id, quota, tokens, taken.second)
+
+    def refund(self, charge: Charge | None) -> None:
+        """Give an admitted request that was not scored back to its key. Sent without waiting
+        for the answer: it is called on the request's failure, also when the request's task
+        is being cancelled."""
+        if charge is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._refund(charge))
+        self._refunds.add(task)
+        task.add_done_callback(self._refunds.discard)
+
+    async def _refund(self, charge: Charge) -> None:
+        try:
+            await asyncio.wait_for(self.ledger.refund.remote(
+                charge.key_id, charge.quota, charge.tokens, charge.second), LEDGER_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the key keeps the charge, nothing else is lost
+            logger.warning("quota ledger unavailable (%s): a refund of %r not given",
+                           type(exc).__name__, charge.key_id)
 
     async def usage(self, key_id: str, quota: Quota) -> dict:
         if not quota.limited or self.ledger is None:

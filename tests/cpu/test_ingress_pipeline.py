@@ -10,10 +10,14 @@ from types import SimpleNamespace
 import pytest
 
 from ranker_contract.config import AppConfig
+from ranker_contract.errors import ScorerOverloaded
 from ranker_contract.packing import ScoredJob
 from serve_app.auth import KEY_ID_SCOPE, require_keys
 from serve_app.ingress import ScoreIngress
 from serve_app.protocol import ApiError
+from serve_app.quotas import Quota, Quotas
+from serve_app.shedding import Shedding
+from tests.cpu.test_quotas import FakeLedger
 
 LOGPROBS = [-0.5, -1.5]  # what the stand-in scorer answers for every item
 TIMING_PARTS = ["parse", "tokenize", "pack", "quota", "worker", "hop", "queue", "compute",
@@ -234,3 +238,52 @@ def test_a_bulk_keys_jobs_are_bulk_and_an_online_keys_are_not(monkeypatch):
         assert response.status_code == 200
         assert [job.bulk for job in instance.worker.jobs] == [bulk]
         assert instance.metrics.answered_as == [("/v1/score", 200, None, key_id, 1)]
+
+
+class _RefusingScorer(_Scorer):
+    """Refuses every job as a full scorer does (a value, not an exception: ScorerOverloaded)."""
+
+    async def remote(self, job):
+        return ScorerOverloaded("the token queue is full", retry_after_s=1)
+
+
+def test_a_request_of_a_key_with_a_quota_that_no_scorer_answers_is_given_back(monkeypatch):
+    # Admitted by the quota, then refused (503) or past its deadline (408): not the key's to
+    # pay; answered (200): counted.
+    monkeypatch.setenv("PIPELINE_KEYS", f"team:{'t' * 16} tpm=1000")
+    user_class = ScoreIngress.func_or_class.__bases__[0]
+    instance = user_class.__new__(user_class)
+    try:
+        user_class.__init__(instance, _Scorer(), AppConfig(auth={"api_keys_env": "PIPELINE_KEYS"}))
+    finally:
+        require_keys(None, lambda path: None)  # the middleware of this process: auth off again
+    ledger = FakeLedger()
+    instance.quotas = Quotas(ledger)
+    quota = Quota(tokens_per_minute=1000)
+
+    async def post(scorer, headers=None):
+        request = _Request(SCORE_BODY, headers)
+        request.scope[KEY_ID_SCOPE] = "team"
+        instance.worker, instance.metrics = scorer, _AnyKeyMetrics()
+        # not shed after the refusal (serve_app/shedding.py draws at random): each is admitted
+        instance.shedding = {False: Shedding(), True: Shedding()}
+        try:
+            return (await instance._observed("/v1/score", request)).status_code
+        except ApiError as error:
+            return error.status
+        finally:
+            for _ in range(500):  # a refund is sent without waiting for it: let it arrive
+                await asyncio.sleep(0.01)
+                if not instance.quotas._refunds:
+                    break
+
+    def remaining() -> int:
+        return ledger.windows.usage("team", quota)["tokens_per_minute"]["remaining"]
+
+    assert asyncio.run(post(_RefusingScorer())) == 503
+    assert remaining() == 1000 and ledger.calls == 2  # charged, then given back
+    assert asyncio.run(post(_SlowScorer(60), {"x-request-timeout-seconds": "0.2"})) == 408
+    assert remaining() == 1000 and ledger.calls == 4
+    assert asyncio.run(post(_Scorer())) == 200
+    charged = 1000 - remaining()
+    assert charged > 0 and ledger.calls == 5  # its usage's tokens, not given back

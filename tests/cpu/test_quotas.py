@@ -1,6 +1,7 @@
 """Per-key quotas without Ray (serve_app/quotas.py): the quota fields of a key entry, the
 sliding minute on a fake clock, and an ingress replica's side with a fake ledger (refused
-locally while the named wait lasts; a lost ledger admits)."""
+locally while the named wait lasts; a lost ledger admits; a request not scored is given
+back)."""
 
 import asyncio
 
@@ -88,6 +89,7 @@ class FakeLedger:
     def __init__(self, windows: QuotaWindows | None = None, fail: bool = False) -> None:
         self.windows, self.fail, self.calls = windows or QuotaWindows(), fail, 0
         self.take = self._method(lambda *a: self.windows.take(*a))
+        self.refund = self._method(lambda *a: self.windows.refund(*a))
         self.usage = self._method(lambda *a: self.windows.usage(*a))
 
     def _method(self, fn):
@@ -146,3 +148,60 @@ def test_a_request_larger_than_its_whole_minute_is_a_413_not_a_retry():
     assert error.value.status == 413 and error.value.param == "tokens_per_minute"
     assert "Retry-After" not in (error.value.headers or {})
     assert ledger.calls == 0
+
+
+def test_a_refund_gives_back_the_request_and_its_tokens_while_their_second_is_in_the_window():
+    clock = Clock(2000.5)
+    windows = QuotaWindows(clock)
+    quota = Quota(requests_per_minute=2, tokens_per_minute=100)
+    first = windows.take("k", quota, 70)
+    assert first.wait_s == 0 and first.second == 2000
+    clock.now = 2001.5
+    assert windows.take("k", quota, 30).wait_s == 0
+    assert windows.take("k", quota, 1).kind == "requests_per_minute"
+    windows.refund("k", quota, 70, first.second)
+    usage = windows.usage("k", quota)
+    assert usage["requests_per_minute"]["remaining"] == 1
+    assert usage["tokens_per_minute"]["remaining"] == 70
+    assert windows.take("k", quota, 70).wait_s == 0  # the refunded room is taken again
+    # A refund of a second that has left the window, or another key's, changes nothing.
+    clock.now = 2060.5  # 2000 has left the window, 2001 has not
+    windows.refund("k", quota, 30, 2000)
+    windows.refund("other", quota, 30, 2001)
+    assert windows.usage("k", quota)["tokens_per_minute"]["remaining"] == 100 - 30 - 70
+    # Never more than was counted in that second, never below zero.
+    windows.refund("k", quota, 10**6, 2001)
+    assert windows.usage("k", quota)["tokens_per_minute"]["remaining"] == 100
+
+
+def test_an_ingress_replica_sends_a_refund_of_what_it_was_charged_and_a_lost_ledger_keeps_it():
+    async def scenario(ledger):
+        quotas = Quotas(ledger)
+        charge = await quotas.take("team", Quota(tokens_per_minute=50), 40)
+        assert charge is not None and charge.tokens == 40
+        quotas.refund(charge)
+        quotas.refund(None)  # nothing was charged (no quota, or the ledger did not answer)
+        for _ in range(500):  # the refund is sent without waiting: wait on its effect
+            if ledger.calls == 2:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)
+        return ledger.calls
+
+    ledger = FakeLedger()
+    assert asyncio.run(scenario(ledger)) == 2
+    assert ledger.windows.usage("team", Quota(tokens_per_minute=50))[
+        "tokens_per_minute"]["remaining"] == 50
+
+    class RefundLost(FakeLedger):
+        def __init__(self):
+            super().__init__()
+            self.refund = self._method(self._lost)
+
+        def _lost(self, *args):
+            raise ConnectionError("ledger lost")
+
+    lost = RefundLost()
+    assert asyncio.run(scenario(lost)) == 2  # logged; the request's failure is not changed
+    assert lost.windows.usage("team", Quota(tokens_per_minute=50))[
+        "tokens_per_minute"]["remaining"] == 10

@@ -203,7 +203,7 @@ class Quotas:
         self.ledger = ledger  # a DeploymentHandle of QuotaLedger (None: auth off, no quotas)
         self.clock = clock
         self._refused_until: dict[str, tuple[float, str]] = {}
-        self._refunds: set[asyncio.Task] = set()  # held until done (asyncio keeps weak refs)
+        self._sent: set[asyncio.Task] = set()  # refunds on their way (asyncio keeps weak refs)
 
     def refuse_early(self, key_id: str) -> None:
         """429 for a key this replica was told is over quota, while its wait lasts."""
@@ -222,9 +222,13 @@ class Quotas:
             return None
         if quota.tokens_per_minute is not None and tokens > quota.tokens_per_minute:
             raise larger_than_quota(key_id, tokens, quota.tokens_per_minute)
+        asked = asyncio.ensure_future(asyncio.wait_for(
+            self.ledger.take.remote(key_id, quota, tokens), LEDGER_TIMEOUT_S))
         try:
-            taken: Taken = await asyncio.wait_for(self.ledger.take.remote(key_id, quota, tokens),
-                                                  LEDGER_TIMEOUT_S)
+            taken: Taken = await asyncio.shield(asked)
+        except asyncio.CancelledError:  # the request is gone; the ledger may count it still
+            self._later(self._refund_if_taken(asked, key_id, quota, tokens))
+            raise
         except Exception as exc:  # noqa: BLE001 - a lost ledger must not refuse every request
             logger.warning("quota ledger unavailable (%s): request of %r admitted uncounted",
                            type(exc).__name__, key_id)
@@ -238,11 +242,22 @@ class Quotas:
         """Give an admitted request that was not scored back to its key. Sent without waiting
         for the answer: it is called on the request's failure, also when the request's task
         is being cancelled."""
-        if charge is None:
+        if charge is not None:
+            self._later(self._refund(charge))
+
+    def _later(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._sent.add(task)
+        task.add_done_callback(self._sent.discard)
+
+    async def _refund_if_taken(self, asked: asyncio.Future, key_id: str, quota: Quota,
+                               tokens: int) -> None:
+        try:
+            taken: Taken = await asked
+        except Exception:  # noqa: BLE001 - not counted: nothing to give back
             return
-        task = asyncio.get_running_loop().create_task(self._refund(charge))
-        self._refunds.add(task)
-        task.add_done_callback(self._refunds.discard)
+        if taken.wait_s == 0:
+            await self._refund(Charge(key_id, quota, tokens, taken.second))
 
     async def _refund(self, charge: Charge) -> None:
         try:

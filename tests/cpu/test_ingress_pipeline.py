@@ -274,7 +274,7 @@ def test_a_request_of_a_key_with_a_quota_that_no_scorer_answers_is_given_back(mo
         finally:
             for _ in range(500):  # a refund is sent without waiting for it: let it arrive
                 await asyncio.sleep(0.01)
-                if not instance.quotas._refunds:
+                if not instance.quotas._sent:
                     break
 
     def remaining() -> int:

@@ -86,8 +86,10 @@ def test_a_wait_covers_as_many_old_seconds_as_the_request_needs():
 class FakeLedger:
     """QuotaLedger's methods behind a `.remote()` that returns an awaitable, as a handle's."""
 
-    def __init__(self, windows: QuotaWindows | None = None, fail: bool = False) -> None:
+    def __init__(self, windows: QuotaWindows | None = None, fail: bool = False,
+                 delay_s: float = 0.0) -> None:
         self.windows, self.fail, self.calls = windows or QuotaWindows(), fail, 0
+        self.delay_s = delay_s  # before each call is handled
         self.take = self._method(lambda *a: self.windows.take(*a))
         self.refund = self._method(lambda *a: self.windows.refund(*a))
         self.usage = self._method(lambda *a: self.windows.usage(*a))
@@ -100,6 +102,7 @@ class FakeLedger:
             def remote(*args):
                 async def call():
                     ledger.calls += 1
+                    await asyncio.sleep(ledger.delay_s)
                     if ledger.fail:
                         raise ConnectionError("ledger lost")
                     return fn(*args)
@@ -205,3 +208,30 @@ def test_an_ingress_replica_sends_a_refund_of_what_it_was_charged_and_a_lost_led
     assert asyncio.run(scenario(lost)) == 2  # logged; the request's failure is not changed
     assert lost.windows.usage("team", Quota(tokens_per_minute=50))[
         "tokens_per_minute"]["remaining"] == 10
+
+
+def test_a_request_gone_while_the_ledger_counts_it_is_given_back_once_the_ledger_answers():
+    # The request's task is cancelled (its client hung up) while the ledger's answer is on its
+    # way: the ledger counts it all the same, so the replica gives it back when it answers.
+    quota = Quota(requests_per_minute=5, tokens_per_minute=50)
+
+    async def scenario(ledger):
+        quotas = Quotas(ledger)
+        request = asyncio.ensure_future(quotas.take("team", quota, 40))
+        while ledger.calls == 0:
+            await asyncio.sleep(0.001)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        for _ in range(500):
+            if ledger.calls == 2:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the refund's own delay
+        return ledger.calls
+
+    ledger = FakeLedger(delay_s=0.05)
+    assert asyncio.run(scenario(ledger)) == 2  # the take, then its refund
+    usage = ledger.windows.usage("team", quota)
+    assert usage["requests_per_minute"]["remaining"] == 5
+    assert usage["tokens_per_minute"]["remaining"] == 50

@@ -10,8 +10,9 @@ priority=bulk), then, on the bench shape as text (120-token query, 10 items of 1
 3. bulk at 3× again, and online at 20% from within it: online's P99 and refusals, and the
    items/s served to both.
 Bulk's clients are processes of their own (tools/client_pool.py: they send $RANKER_API_KEY);
-online's is this process (an explicit header), at well under one client's rate. Prints a table,
-writes JSON with the command, GPU, commit and workload.
+online's is this process (an explicit header), at well under one client's rate. Prints a table
+and online's Server-Timing stages (where its wait beside bulk is), writes JSON with the command,
+GPU, commit and workload.
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def _summary(point: dict) -> dict:
     return {"offered_rps": point["offered_rps"], "achieved_items_per_s":
             point["achieved_items_per_s"], "failed": point["failed"],
             "failures": point["failures"], "p50_ms": point["latency_ms"]["p50"],
-            "p99_ms": point["latency_ms"]["p99"], "client_processes": point["client_processes"]}
+            "p99_ms": point["latency_ms"]["p99"], "client_processes": point["client_processes"],
+            # where the time went (Server-Timing; tools/stats.py::where_time_went): the stages
+            # of online's wait beside bulk
+            "stages_ms": point.get("stages_ms", {})}
 
 
 async def measure(url: str, keys: dict[str, str]) -> dict:
@@ -126,6 +130,9 @@ def main() -> int:
     for name, row in rows:
         print(f"{name:<18} {row['offered_rps']:>13} {row['achieved_items_per_s']:>9} "
               f"{row['failed']:>7} {row['p50_ms']:>7} {row['p99_ms']:>7}")
+    for name, row in rows[1:3]:
+        print(f"{name}, Server-Timing p50 / p99 ms: " + ", ".join(
+            f"{stage} {v['p50']} / {v['p99']}" for stage, v in row["stages_ms"].items()))
     print(f"online P99 with bulk ÷ alone {figures['online_p99_ratio']}, online refused "
           f"{figures['online_refused']}, total served ÷ capacity {figures['total_served_ratio']}")
     return 0

@@ -220,15 +220,21 @@ class _AnyKeyMetrics(_Metrics):
         self.answered_as.append((route, status, error_type, key, items))
 
 
-def test_a_bulk_keys_jobs_are_bulk_and_an_online_keys_are_not(monkeypatch):
-    # serve_app/auth.py parses the class; here the ingress must carry it into each ScoreJob.
-    monkeypatch.setenv("PIPELINE_KEYS", f"etl:{'e' * 16} priority=bulk, web:{'w' * 16}")
+def _ingress_with_keys(monkeypatch, entries: str):
+    """The ingress class with API keys on, given as `auth.api_keys_env` entries."""
+    monkeypatch.setenv("PIPELINE_KEYS", entries)
     user_class = ScoreIngress.func_or_class.__bases__[0]
     instance = user_class.__new__(user_class)
     try:
         user_class.__init__(instance, _Scorer(), AppConfig(auth={"api_keys_env": "PIPELINE_KEYS"}))
     finally:
         require_keys(None, lambda path: None)  # the middleware of this process: auth off again
+    return instance
+
+
+def test_a_bulk_keys_jobs_are_bulk_and_an_online_keys_are_not(monkeypatch):
+    # serve_app/auth.py parses the class; here the ingress must carry it into each ScoreJob.
+    instance = _ingress_with_keys(monkeypatch, f"etl:{'e' * 16} priority=bulk, web:{'w' * 16}")
     body = {"query": [1, 2], "items": [[3]], "label_token_ids": [7, 8]}
     for key_id, bulk in (("etl", True), ("web", False)):
         request = _Request(body)
@@ -250,13 +256,7 @@ class _RefusingScorer(_Scorer):
 def test_a_request_of_a_key_with_a_quota_that_no_scorer_answers_is_given_back(monkeypatch):
     # Admitted by the quota, then refused (503) or past its deadline (408): not the key's to
     # pay; answered (200): counted.
-    monkeypatch.setenv("PIPELINE_KEYS", f"team:{'t' * 16} tpm=1000")
-    user_class = ScoreIngress.func_or_class.__bases__[0]
-    instance = user_class.__new__(user_class)
-    try:
-        user_class.__init__(instance, _Scorer(), AppConfig(auth={"api_keys_env": "PIPELINE_KEYS"}))
-    finally:
-        require_keys(None, lambda path: None)  # the middleware of this process: auth off again
+    instance = _ingress_with_keys(monkeypatch, f"team:{'t' * 16} tpm=1000")
     ledger = FakeLedger()
     instance.quotas = Quotas(ledger)
     quota = Quota(tokens_per_minute=1000)

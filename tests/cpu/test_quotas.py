@@ -11,6 +11,7 @@ from ranker_contract.config import AuthConfig
 from serve_app.auth import KeyStore, parse_keys
 from serve_app.protocol import ApiError
 from serve_app.quotas import NO_QUOTA, Quota, Quotas, QuotaWindows
+from tests.support.ledger import FakeLedger
 
 KEY_A, KEY_B = "a" * 15 + "-secret-A", "b" * 15 + "-secret-B"
 
@@ -81,33 +82,6 @@ def test_a_wait_covers_as_many_old_seconds_as_the_request_needs():
     clock.now = 10.0
     assert windows.take("k", quota, 25).wait_s == pytest.approx(62 - 10.0)  # 3 seconds' worth
     assert windows.take("k", quota, 5).wait_s == pytest.approx(60 - 10.0)
-
-
-class FakeLedger:
-    """QuotaLedger's methods behind a `.remote()` that returns an awaitable, as a handle's."""
-
-    def __init__(self, windows: QuotaWindows | None = None, fail: bool = False,
-                 delay_s: float = 0.0) -> None:
-        self.windows, self.fail, self.calls = windows or QuotaWindows(), fail, 0
-        self.delay_s = delay_s  # before each call is handled
-        self.take = self._method(lambda *a: self.windows.take(*a))
-        self.refund = self._method(lambda *a: self.windows.refund(*a))
-        self.usage = self._method(lambda *a: self.windows.usage(*a))
-
-    def _method(self, fn):
-        ledger = self
-
-        class Method:
-            @staticmethod
-            def remote(*args):
-                async def call():
-                    ledger.calls += 1
-                    await asyncio.sleep(ledger.delay_s)
-                    if ledger.fail:
-                        raise ConnectionError("ledger lost")
-                    return fn(*args)
-                return call()
-        return Method
 
 
 def test_a_refused_key_is_refused_here_until_its_wait_passes_without_asking_again():

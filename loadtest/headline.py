@@ -2,7 +2,8 @@
 optionally A/B against another commit in the same run (docs/BENCHMARKS.md, "Headline").
 
   python -m loadtest.headline [--quick [--fp8] [--lora] [--idle-cost]] [--baseline COMMIT]
-                              [--commit SHA] [--out PATH]
+                              [--parts bench,feed] [--commit SHA] [--out PATH]
+  python -m loadtest.headline --merge PART.json PART.json ... [--out PATH]
 
 What it measures, on the shipped configs/score-gpu.yaml of each tree (its own file, its own code):
 - the engine offline (loadtest/bench_engine.py of that tree: bf16, fp8, the in-run ceiling; the
@@ -29,6 +30,14 @@ What it measures, on the shipped configs/score-gpu.yaml of each tree (its own fi
     `scheduler.max_queue_wait_s: 0` (nothing refused, so nothing shed), and a sporadic lone
     1-item request on the shipped application and on that one, A B A B:
     `load_control_idle_cost_ms` is the p50 with load control less the p50 without.
+The workloads come in parts (`--parts`, default `bench`), each fitting one device call:
+- `bench`: every row above (the bench shape, and the rest of the quick or full set);
+- `feed`: the feed shape (FEED: a 300-token query and 100 items of 10 tokens, as a recommendation
+  slate), in the engine (bench_engine of each tree on that shape: items/s, and deterministic
+  scores ÷ off) and over HTTP (a text sweep at shares of that tree's feed engine rate, as the
+  bench sweep: the highest items/s with P99 ≤ 500 ms and 0 failures).
+`--merge` joins part runs of the same commit and baseline into one JSON: each figure from the
+first part that measured it, the diff made again, every part's command kept.
 Each tree's scorer gets 1/N of the GPU's share (`num_gpus`) and one replica (no autoscaling: one
 GPU holds them all); its batch budget is the YAML's cap, far under its memory share.
 
@@ -75,6 +84,9 @@ TREES = REPO_ROOT / ".ab"  # baseline trees, one folder per commit (ignored by g
 RESULT = REPO_ROOT / "docs" / "results" / "headline" / "headline.json"
 VOCAB = 151643  # the Qwen3 tokenizer's: text words and token ids both fit it
 BENCH = dict(query_len=120, items=10, item_len=180)
+FEED = dict(query_len=300, items=100, item_len=10)  # the `feed` part's shape
+FEED_REQUESTS = 128  # bench_engine's requests of the feed shape (12,800 items)
+PARTS = ("bench", "feed")
 LONE_ITEM_TOKENS = 180
 ADAPTER = "headline-lora"  # the name requests give the adapter application's adapter
 ADAPTER_RANK = 16
@@ -82,6 +94,7 @@ P99_BOUND_MS = 500.0
 SWEEP_SHARES = (0.85, 0.92, 0.97, 1.02)  # of the tree's engine rate
 OVERLOAD = (1.2, 1.5, 3.0)  # multiples of the sweep's best rate
 DEFAULT_CAPACITY_ITEMS_PER_S = 2500.0  # where the engine was not measured (no GPU)
+DEFAULT_FEED_CAPACITY_ITEMS_PER_S = 16000.0  # the same, of the feed shape
 START_TIMEOUT_S = 300
 # figure -> True where higher is better; every key the headline JSON's `figures` holds
 FIGURES = {
@@ -98,6 +111,8 @@ FIGURES = {
     "prefix_profile_ratio": True, "service_start_s": False,
     "deterministic_bf16_ratio": True, "deterministic_fp8_ratio": True,
     "deterministic_lone_delta_ms": False,
+    "feed_engine_items_per_s": True, "feed_http_items_per_s": True,
+    "feed_deterministic_ratio": True,
 }
 LONG_SHAPES = {"long_10000x64_s": (10_000, 64), "long_100x8000_s": (100, 8_000)}
 # measures of the machine or of the run, not of the code: in the diff, never a regression
@@ -164,22 +179,41 @@ def prefix_figure(tree: Tree, out_dir: Path) -> dict:
     return {"prefix_profile_ratio": json.loads(result.read_text())[0]["on_over_off"]}
 
 
-def engine_figures(tree: Tree, lora: bool, out_dir: Path) -> dict:
-    """bench_engine of `tree`, run from its folder on the shared model (`lora`: its LoRA rows
-    too): its figures, or {} where it failed or no GPU is here."""
-    out = out_dir / f"engine_{tree.label}.json"
-    modes = "engine,fp8,deterministic" + (",lora" if lora else "")
-    env = tree_env(tree)
+def bench_engine(tree: Tree, modes: str, out: Path, *extra: str) -> dict | None:
+    """bench_engine of `tree`, run from its folder on the shared model: its JSON, or None where
+    it failed."""
     started = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "loadtest.bench_engine", "--modes", modes,
-                          "--no-hf", "--model", str(MODEL), "--out", str(out)],
-                         cwd=tree.path, env=env, capture_output=True, text=True)
-    print(f"[{tree.label}] bench_engine ({modes}): {time.monotonic() - started:.0f} s, "
-          f"rc {run.returncode}", flush=True)
+                          "--no-hf", "--model", str(MODEL), *extra, "--out", str(out)],
+                         cwd=tree.path, env=tree_env(tree), capture_output=True, text=True)
+    print(f"[{tree.label}] bench_engine ({modes}{' ' + ' '.join(extra) if extra else ''}): "
+          f"{time.monotonic() - started:.0f} s, rc {run.returncode}", flush=True)
     if run.returncode != 0 or not out.is_file():
         print(run.stdout[-1500:], run.stderr[-3000:], sep="\n")
+        return None
+    return json.loads(out.read_text())
+
+
+def feed_engine_figures(tree: Tree, out_dir: Path) -> dict:
+    """The feed shape in `tree`'s engine: items/s, and deterministic scores (shipped) ÷ off;
+    {} where it failed."""
+    doc = bench_engine(tree, "engine,deterministic", out_dir / f"feed_engine_{tree.label}.json",
+                       "--query-len", str(FEED["query_len"]), "--items", str(FEED["items"]),
+                       "--item-len", str(FEED["item_len"]), "--requests", str(FEED_REQUESTS))
+    if doc is None:
         return {}
-    doc = json.loads(out.read_text())
+    ratio = (doc.get("deterministic") or {}).get("bf16_ratio")
+    return {"feed_engine_items_per_s": round(doc["engine_items_per_s"], 1),
+            "feed_deterministic_ratio": ratio and round(ratio, 4)}
+
+
+def engine_figures(tree: Tree, lora: bool, out_dir: Path) -> dict:
+    """The bench shape in `tree`'s engine (`lora`: its LoRA rows too): its figures, or {} where
+    it failed."""
+    doc = bench_engine(tree, "engine,fp8,deterministic" + (",lora" if lora else ""),
+                       out_dir / f"engine_{tree.label}.json")
+    if doc is None:
+        return {}
     modes_run = doc.get("modes", {})
     base = doc["engine_items_per_s"]
 
@@ -383,10 +417,11 @@ def delta_ms(result: dict) -> float | None:
 
 
 async def sweep(url: str, app: App, capacity_items_per_s: float, shares: list[float],
-                seconds: float) -> dict:
-    workload = text_workload(**BENCH)
-    rates = [round(share * capacity_items_per_s / BENCH["items"], 1) for share in shares]
-    cfg = RateConfig(0.0, duration_s=seconds, warmup_s=3.0, seed="sweep")  # alike for each tree
+                seconds: float, shape: dict = BENCH, seed: str = "sweep") -> dict:
+    """A text sweep of `shape` at `shares` of `capacity_items_per_s`."""
+    workload = text_workload(**shape)
+    rates = [round(share * capacity_items_per_s / shape["items"], 1) for share in shares]
+    cfg = RateConfig(0.0, duration_s=seconds, warmup_s=3.0, seed=seed)  # alike for each tree
     async with make_session() as session:
         res = await run_sweep(session, f"{url}/{app.name}", workload, cfg, P99_BOUND_MS,
                               rates=rates, progress=False,
@@ -476,22 +511,28 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
             lone_requests_n: int,
             figures: dict, details: dict, logs: Path, capacity: dict[str, float] | None,
             sweep_shares: list[float], overload_multiples: list[float],
-            measured: Callable[[], object] = lambda: None, idle_cost: bool = False) -> None:
-    """Every figure of every tree into `figures` ({label: {figure: value}}), the details behind
-    them into `details`, as they come (a run cut short keeps what it measured). `capacity`:
-    per precision, the items/s the sweeps refer to where the engine rows are skipped (None:
-    measure them)."""
+            measured: Callable[[], object] = lambda: None, idle_cost: bool = False,
+            parts: tuple[str, ...] = ("bench",)) -> None:
+    """Every figure of `parts` (PARTS) of every tree into `figures` ({label: {figure: value}}),
+    the details behind them into `details`, as they come (a run cut short keeps what it
+    measured). `capacity`: per precision (and `feed`), the items/s the sweeps refer to where the
+    engine rows are skipped (None: measure them)."""
+    bench = "bench" in parts
     for tree in trees:
         if capacity is None and gpu_name() != "unknown":
-            figures[tree.label].update(engine_figures(tree, lora or not quick, out_dir))
-            if not quick:
+            if bench:
+                figures[tree.label].update(engine_figures(tree, lora or not quick, out_dir))
+            if bench and not quick:
                 figures[tree.label].update(prefix_figure(tree, out_dir))
-    apps = [App(t, "bf16") for t in trees] + ([App(t, "fp8") for t in trees]
-                                              if fp8 or not quick else [])
-    if lora or not quick:
+            if "feed" in parts:
+                figures[tree.label].update(feed_engine_figures(tree, out_dir))
+    apps = [App(t, "bf16") for t in trees]
+    if bench and (fp8 or not quick):
+        apps += [App(t, "fp8") for t in trees]
+    if bench and (lora or not quick):
         adapter = write_adapter(out_dir / "adapter")
         apps += [App(t, "bf16", adapter) for t in trees]
-    if idle_cost or not quick:
+    if bench and (idle_cost or not quick):
         apps += [App(t, "bf16", load_control=False) for t in trees]
     running = start(apps)
     print(f"healthy after (s): {running.healthy_s}", flush=True)
@@ -500,59 +541,118 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
         for tree in trees:
             figures[tree.label]["service_start_s"] = running.healthy_s.get(tree.label)
             details[tree.label]["start"] = start_breakdown([a for a in apps if a.tree is tree])
-        lora_apps = [a for a in apps if a.adapter is not None]
-        no_control = [a for a in apps if not a.load_control]
-        apps = [a for a in apps if a.adapter is None and a.load_control]  # the sweeps' ones
-        bf16 = [a for a in apps if a.precision == "bf16"]
-        for items in (1, 10):
-            lone = asyncio.run(lone_requests(running.url, bf16, items, lone_requests_n))
-            for app in bf16:
-                res = lone[app.name]
-                details[app.tree.label][f"sporadic_{items}item"] = res
-                key = f"sporadic_lone_{items}item"
-                figures[app.tree.label][f"{key}_p50_ms"] = res["latency_ms"]["p50"]
-                figures[app.tree.label][f"{key}_p99_ms"] = res["latency_ms"]["p99"]
-        bench = text_workload(**BENCH)
-        lone = text_workload(query_len=BENCH["query_len"], items=1, item_len=LONE_ITEM_TOKENS)
-        # figure, its details' key, its applications, and each one's sides (without, with)
-        for figure, detail, chosen, sides in (
-                ("lora_lone_delta_ms", "sporadic_lora", lora_apps, lambda a: (
-                    (a.name, bench), (a.name, text_workload(**BENCH, model=ADAPTER)))),
-                ("load_control_idle_cost_ms", "sporadic_load_control", no_control,
-                 lambda a: ((a.name, lone), (a.tree.label, lone)))):
-            if not chosen:
-                continue
-            paired = asyncio.run(lone_pairs(running.url, {a.name: sides(a) for a in chosen},
-                                            lone_requests_n, detail))
-            for app in chosen:
-                details[app.tree.label][detail] = paired[app.name]
-                figures[app.tree.label][figure] = delta_ms(paired[app.name])
-        for app in apps:
-            label, figs = app.tree.label, figures[app.tree.label]
-            engine = (figs[f"engine_{app.precision}_items_per_s"]
-                      or (capacity or {}).get(app.precision) or DEFAULT_CAPACITY_ITEMS_PER_S)
-            res = asyncio.run(sweep(running.url, app, engine, sweep_shares,
-                                    10.0 if quick else 15.0))
-            details[label][f"sweep_{app.precision}"] = res
-            figs[f"http_text_{app.precision}_items_per_s"] = res["items_per_s"]
-            figs[f"first_refusal_share_{app.precision}"] = res["first_refusal_share"]
-            if app.precision == "bf16" and res["best_rps"]:
-                point = asyncio.run(half_load(running.url, app, res["best_rps"]))
-                details[label]["half_load"] = point
-                figs["p99_at_half_load_ms"] = point["latency_ms"]["p99"]
-            if (app.precision == "bf16" and res["best_rps"] and app.tree is trees[0]
-                    and overload_multiples):
-                over = asyncio.run(overload(running.url, app, res["best_rps"],
-                                            overload_multiples))
-                details[label]["overload"] = over
-                figs.update(over["goodput_ratios"])
-        if not quick:
-            for app in bf16:
-                figures[app.tree.label].update(long_rerank(running.url, app))
+        if bench:
+            bench_rows(trees, apps, quick, lone_requests_n, figures, details, running, capacity,
+                       sweep_shares, overload_multiples)
+        if "feed" in parts:
+            for app in [a for a in apps if a.precision == "bf16" and a.adapter is None
+                        and a.load_control]:
+                figs = figures[app.tree.label]
+                engine = (figs["feed_engine_items_per_s"] or (capacity or {}).get("feed")
+                          or DEFAULT_FEED_CAPACITY_ITEMS_PER_S)
+                res = asyncio.run(sweep(running.url, app, engine, sweep_shares,
+                                        10.0 if quick else 15.0, FEED, "feed-sweep"))
+                details[app.tree.label]["feed_sweep_bf16"] = res
+                figs["feed_http_items_per_s"] = res["items_per_s"]
     finally:
         measured()  # written before the service stops: a stop that hangs loses nothing
         service_logs(running, logs)
         stop_service(running)
+
+
+def bench_rows(trees: list[Tree], apps: list[App], quick: bool, lone_requests_n: int,
+               figures: dict, details: dict, running: Running,
+               capacity: dict[str, float] | None, sweep_shares: list[float],
+               overload_multiples: list[float]) -> None:
+    """The `bench` part's HTTP rows on the running service."""
+    lora_apps = [a for a in apps if a.adapter is not None]
+    no_control = [a for a in apps if not a.load_control]
+    apps = [a for a in apps if a.adapter is None and a.load_control]  # the sweeps' ones
+    bf16 = [a for a in apps if a.precision == "bf16"]
+    for items in (1, 10):
+        lone = asyncio.run(lone_requests(running.url, bf16, items, lone_requests_n))
+        for app in bf16:
+            res = lone[app.name]
+            details[app.tree.label][f"sporadic_{items}item"] = res
+            key = f"sporadic_lone_{items}item"
+            figures[app.tree.label][f"{key}_p50_ms"] = res["latency_ms"]["p50"]
+            figures[app.tree.label][f"{key}_p99_ms"] = res["latency_ms"]["p99"]
+    bench = text_workload(**BENCH)
+    lone = text_workload(query_len=BENCH["query_len"], items=1, item_len=LONE_ITEM_TOKENS)
+    # figure, its details' key, its applications, and each one's sides (without, with)
+    for figure, detail, chosen, sides in (
+            ("lora_lone_delta_ms", "sporadic_lora", lora_apps, lambda a: (
+                (a.name, bench), (a.name, text_workload(**BENCH, model=ADAPTER)))),
+            ("load_control_idle_cost_ms", "sporadic_load_control", no_control,
+             lambda a: ((a.name, lone), (a.tree.label, lone)))):
+        if not chosen:
+            continue
+        paired = asyncio.run(lone_pairs(running.url, {a.name: sides(a) for a in chosen},
+                                        lone_requests_n, detail))
+        for app in chosen:
+            details[app.tree.label][detail] = paired[app.name]
+            figures[app.tree.label][figure] = delta_ms(paired[app.name])
+    for app in apps:
+        label, figs = app.tree.label, figures[app.tree.label]
+        engine = (figs[f"engine_{app.precision}_items_per_s"]
+                  or (capacity or {}).get(app.precision) or DEFAULT_CAPACITY_ITEMS_PER_S)
+        res = asyncio.run(sweep(running.url, app, engine, sweep_shares,
+                                10.0 if quick else 15.0))
+        details[label][f"sweep_{app.precision}"] = res
+        figs[f"http_text_{app.precision}_items_per_s"] = res["items_per_s"]
+        figs[f"first_refusal_share_{app.precision}"] = res["first_refusal_share"]
+        if app.precision == "bf16" and res["best_rps"]:
+            point = asyncio.run(half_load(running.url, app, res["best_rps"]))
+            details[label]["half_load"] = point
+            figs["p99_at_half_load_ms"] = point["latency_ms"]["p99"]
+        if (app.precision == "bf16" and res["best_rps"] and app.tree is trees[0]
+                and overload_multiples):
+            over = asyncio.run(overload(running.url, app, res["best_rps"],
+                                        overload_multiples))
+            details[label]["overload"] = over
+            figs.update(over["goodput_ratios"])
+    if not quick:
+        for app in bf16:
+            figures[app.tree.label].update(long_rerank(running.url, app))
+
+
+def merge_parts(docs: list[dict]) -> dict:
+    """One headline JSON from part runs (`--parts`) of one commit and baseline: each figure
+    the first part's that measured it, the diff made again from the merged figures, every
+    part's command in `command` and each part's own record in `parts`."""
+    first = docs[0]
+    for doc in docs[1:]:
+        for key in ("commit", "baseline", "gpu"):
+            if doc[key] != first[key]:
+                raise ValueError(f"parts of different runs: {key} {first[key]!r} and "
+                                 f"{doc[key]!r}")
+
+    def merged(key: str) -> dict | None:
+        if first.get(key) is None:
+            return None
+        out = dict.fromkeys(FIGURES)
+        for doc in docs:
+            for name, value in (doc.get(key) or {}).items():
+                if out.get(name) is None:
+                    out[name] = value
+        return out
+
+    figures, baseline = merged("figures"), merged("baseline_figures")
+    details: dict = {}
+    for doc in docs:
+        for label, part in (doc.get("details") or {}).items():
+            details.setdefault(label, {}).update(part)
+    return {"gpu": first["gpu"], "commit": first["commit"], "baseline": first["baseline"],
+            "command": " ; ".join(doc["command"] for doc in docs),
+            "quick": all(doc.get("quick") for doc in docs),
+            "complete": all(doc.get("complete") for doc in docs),
+            "measured_at": max(doc["measured_at"] for doc in docs),
+            "seconds": sum(doc.get("seconds") or 0 for doc in docs),
+            "parts": [{key: doc.get(key) for key in ("parts", "command", "measured_at",
+                                                      "seconds", "complete")} for doc in docs],
+            "figures": figures, "baseline_figures": baseline,
+            "diff": diff_rows(figures, baseline) if baseline is not None else None,
+            "more_baselines": [], "details": details}
 
 
 def main() -> int:
@@ -566,7 +666,7 @@ def main() -> int:
                    "(not measured); the sweeps then offer shares of --capacity")
     p.add_argument("--capacity", default=str(DEFAULT_CAPACITY_ITEMS_PER_S),
                    help="items/s the sweeps' shares refer to where the engine is not measured: "
-                   "one number for bf16, or bf16=N,fp8=M")
+                   "one number for bf16, or bf16=N,fp8=M,feed=N")
     p.add_argument("--fp8", action="store_true", help="with --quick: the FP8 sweeps too")
     p.add_argument("--lora", action="store_true", help="with --quick: the LoRA rows (engine, "
                    "and a lone request with an adapter over HTTP)")
@@ -579,10 +679,23 @@ def main() -> int:
                    help="measured sporadic requests per tree and shape")
     p.add_argument("--sweep-shares", default=",".join(map(str, SWEEP_SHARES)),
                    help="the sweep's rates as shares of the engine's items/s")
+    p.add_argument("--parts", default="bench", help="the workloads' parts to measure, a comma "
+                   f"list of {', '.join(PARTS)} (module docstring)")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="PART_JSON", help="join these part "
+                   "runs' JSONs into --out instead of measuring")
     p.add_argument("--out", type=Path, default=RESULT)
     p.add_argument("--config", default=CONFIG, help="each tree's config (a path in the tree)")
     p.add_argument("--model", type=Path, default=MODEL, help="the model every tree serves")
     args = p.parse_args()
+    if args.merge:
+        doc = merge_parts([json.loads(path.read_text()) for path in args.merge])
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"merged {len(args.merge)} parts into {args.out}")
+        print_figures(doc)
+        return 0
+    parts = tuple(args.parts.split(","))
+    if not parts or set(parts) - set(PARTS):
+        p.error(f"--parts: a comma list of {', '.join(PARTS)}, not {args.parts!r}")
     CONFIG, MODEL = args.config, args.model.resolve()
     if not (MODEL / "config.json").is_file():
         sys.exit(f"{MODEL} is missing: python -m tools.random_model")
@@ -602,7 +715,7 @@ def main() -> int:
     def write(complete: bool) -> dict:
         doc = {"gpu": gpu_name(), "commit": commit, "baseline": baselines[0] if baselines else None,
                "command": "python -m loadtest.headline " + shlex.join(sys.argv[1:]),
-               "quick": args.quick, "complete": complete,
+               "quick": args.quick, "parts": list(parts), "complete": complete,
                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "seconds": round(time.monotonic() - started),
                "figures": figures["head"],
@@ -623,20 +736,25 @@ def main() -> int:
                     capacities(args.capacity) if args.no_engine else None,
                     [float(x) for x in args.sweep_shares.split(",")],
                     [float(x) for x in args.overload.split(",") if x],
-                    measured=lambda: write(False), idle_cost=args.idle_cost)
+                    measured=lambda: write(False), idle_cost=args.idle_cost, parts=parts)
         complete = True
     finally:  # what was measured is written, also when a step failed
         doc = write(complete)
     print(f"\nheadline at {commit} on {doc['gpu']} ({doc['seconds']} s); wrote {args.out}")
+    print_figures(doc)
+    return 0
+
+
+def print_figures(doc: dict) -> None:
+    """The figures of a headline JSON, today's against the baseline's, flagged per the diff."""
     print(f"{'figure':32s} {'head':>10s} {'baseline':>10s} {'change':>8s}")
     rows = {r["figure"]: r for r in doc["diff"] or []}
     for key in FIGURES:
-        new, row = figures["head"].get(key), rows.get(key)
-        old = (figures.get("base") or {}).get(key)
+        new, row = doc["figures"].get(key), rows.get(key)
+        old = (doc.get("baseline_figures") or {}).get(key)
         flag = " REGRESSION" if row and row["regression"] else ""
         change = f"{row['change']:+.1%}" if row else ""
         print(f"{key:32s} {_fmt(new):>10s} {_fmt(old):>10s} {change:>8s}{flag}")
-    return 0
 
 
 def capacities(text: str) -> dict[str, float]:

@@ -50,6 +50,12 @@ LABELS = {
     "deterministic_bf16_ratio": ("engine, deterministic scores (shipped) ÷ off, bf16", "ratio"),
     "deterministic_fp8_ratio": ("the same, FP8", "ratio"),
     "deterministic_lone_delta_ms": ("engine, lone 1-item request: deterministic − off", "ms"),
+    "feed_engine_items_per_s": ("engine offline, feed shape (300-token query + 100 items × 10 "
+                                "tokens), bf16", "items/s"),
+    "feed_http_items_per_s": ("HTTP, text, the feed shape: highest rate with P99 ≤ 500 ms and "
+                              "0 failures", "items/s"),
+    "feed_deterministic_ratio": ("engine, feed shape: deterministic scores (shipped) ÷ off",
+                                 "ratio"),
 }
 TARGETS = {"readme": REPO_ROOT / "README.md", "benchmarks": REPO_ROOT / "docs" / "BENCHMARKS.md"}
 NOT_MEASURED = "not measured"

@@ -109,3 +109,40 @@ def test_an_application_without_load_control_refuses_nothing():
     assert entries["head-nolc"]["args"]["scheduler"]["max_queue_wait_s"] == 0
     shipped = entries["head"]["args"]["scheduler"]["max_queue_wait_s"]
     assert shipped > 0  # the shipped config bounds the queue; the other app does not
+
+
+def _part(parts, figures, baseline_figures, commit="aaa1111", measured_at="2026-12-03T10:00:00Z"):
+    return {"gpu": "NVIDIA H200", "commit": commit, "baseline": "bbb2222",
+            "command": f"python -m loadtest.headline --parts {','.join(parts)}", "quick": True,
+            "parts": parts, "complete": True, "measured_at": measured_at, "seconds": 300,
+            "figures": dict.fromkeys(headline.FIGURES) | figures,
+            "baseline_figures": dict.fromkeys(headline.FIGURES) | baseline_figures,
+            "diff": [], "more_baselines": [], "details": {"head": {parts[0]: 1}}}
+
+
+def test_parts_of_one_run_merge_into_one_headline():
+    bench = _part(["bench"], {"engine_bf16_items_per_s": 2700.0, "service_start_s": 100.0},
+                  {"engine_bf16_items_per_s": 2800.0, "service_start_s": 101.0})
+    feed = _part(["feed"], {"feed_engine_items_per_s": 16000.0, "service_start_s": 90.0},
+                 {"feed_engine_items_per_s": 15000.0, "service_start_s": 91.0},
+                 measured_at="2026-12-03T11:00:00Z")
+    doc = headline.merge_parts([bench, feed])
+    figures = doc["figures"]
+    assert figures["engine_bf16_items_per_s"] == 2700.0
+    assert figures["feed_engine_items_per_s"] == 16000.0
+    assert figures["service_start_s"] == 100.0  # the first part's, where both measured it
+    assert figures["feed_http_items_per_s"] is None and set(headline.FIGURES) <= set(figures)
+    rows = {r["figure"]: r for r in doc["diff"]}
+    assert rows["engine_bf16_items_per_s"]["regression"]  # 2,700 against 2,800: −3.6%
+    assert not rows["feed_engine_items_per_s"]["regression"]  # +6.7%
+    assert doc["measured_at"] == "2026-12-03T11:00:00Z" and doc["seconds"] == 600
+    assert "--parts bench" in doc["command"] and "--parts feed" in doc["command"]
+    assert [p["parts"] for p in doc["parts"]] == [["bench"], ["feed"]]
+    assert doc["details"]["head"] == {"bench": 1, "feed": 1}
+    # the tables read the merged JSON as any other
+    assert "16,000 items/s |" in headline_tables.readme_table(doc)
+
+
+def test_parts_of_different_commits_do_not_merge():
+    with pytest.raises(ValueError, match="commit"):
+        headline.merge_parts([_part(["bench"], {}, {}), _part(["feed"], {}, {}, commit="ccc3333")])

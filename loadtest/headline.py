@@ -35,7 +35,13 @@ The workloads come in parts (`--parts`, default `bench`), each fitting one devic
 - `feed`: the feed shape (FEED: a 300-token query and 100 items of 10 tokens, as a recommendation
   slate), in the engine (bench_engine of each tree on that shape: items/s, and deterministic
   scores ÷ off) and over HTTP (a text sweep at shares of that tree's feed engine rate, as the
-  bench sweep: the highest items/s with P99 ≤ 500 ms and 0 failures).
+  bench sweep: the highest items/s with P99 ≤ 500 ms and 0 failures);
+- `prefix`: long queries with reuse (PREFIX: tools/workload.py's `profile`, a 2,000-word query
+  sent 4 times within about a second, each time with 20 fresh items of 50 words, as text), on
+  each tree's application and on one with the prefix cache on (PREFIX_CACHE_TOKENS): a ramp of
+  rates on each (loadgen's run_sweep: ×1.4 from PREFIX_START_RPS, then 2 bisections), the best
+  items/s with P99 ≤ 500 ms and 0 failures, `prefix_reuse_ratio` = cache on ÷ off;
+- `long`: rerank at Cohere's limits (as the full set's rows).
 `--merge` joins part runs of the same commit and baseline into one JSON: each figure from the
 first part that measured it, the diff made again, every part's command kept.
 Each tree's scorer gets 1/N of the GPU's share (`num_gpus`) and one replica (no autoscaling: one
@@ -86,7 +92,10 @@ VOCAB = 151643  # the Qwen3 tokenizer's: text words and token ids both fit it
 BENCH = dict(query_len=120, items=10, item_len=180)
 FEED = dict(query_len=300, items=100, item_len=10)  # the `feed` part's shape
 FEED_REQUESTS = 128  # bench_engine's requests of the feed shape (12,800 items)
-PARTS = ("bench", "feed")
+PREFIX = dict(query_len=2000, items=20, item_len=50, query_repeats=4)  # PRESETS["profile"]
+PREFIX_CACHE_TOKENS = 262144  # as docs/BENCHMARKS.md's "Prefix cache" measured it
+PREFIX_START_RPS = 60.0  # the ramp's first rate: about half the cache-off capacity on one H200
+PARTS = ("bench", "feed", "prefix", "long")
 LONE_ITEM_TOKENS = 180
 ADAPTER = "headline-lora"  # the name requests give the adapter application's adapter
 ADAPTER_RANK = 16
@@ -112,7 +121,7 @@ FIGURES = {
     "deterministic_bf16_ratio": True, "deterministic_fp8_ratio": True,
     "deterministic_lone_delta_ms": False,
     "feed_engine_items_per_s": True, "feed_http_items_per_s": True,
-    "feed_deterministic_ratio": True,
+    "feed_deterministic_ratio": True, "prefix_reuse_ratio": True,
 }
 LONG_SHAPES = {"long_10000x64_s": (10_000, 64), "long_100x8000_s": (100, 8_000)}
 # measures of the machine or of the run, not of the code: in the diff, never a regression
@@ -132,6 +141,7 @@ class App:
     precision: str  # "bf16" or "fp8"
     adapter: Path | None = None  # a peft folder served as ADAPTER (bf16 only)
     load_control: bool = True  # False: scheduler.max_queue_wait_s 0 (bf16 only)
+    prefix_cache: bool = False  # True: engine.prefix_cache on, PREFIX_CACHE_TOKENS (bf16 only)
 
     @property
     def name(self) -> str:
@@ -139,6 +149,8 @@ class App:
             return f"{self.tree.label}-lora"
         if not self.load_control:
             return f"{self.tree.label}-nolc"
+        if self.prefix_cache:
+            return f"{self.tree.label}-cache"
         return self.tree.label if self.precision == "bf16" else f"{self.tree.label}-fp8"
 
 
@@ -254,6 +266,8 @@ def combined_config(apps: list[App], port: int) -> dict:
             entry["args"]["adapters"] = [{"name": ADAPTER, "path": str(app.adapter)}]
         if not app.load_control:
             entry["args"].setdefault("scheduler", {})["max_queue_wait_s"] = 0
+        if app.prefix_cache:
+            entry["args"]["engine"]["prefix_cache"] = {"tokens": PREFIX_CACHE_TOKENS}
         # Its replicas import its own code: `serve run` starts outside every tree (start()).
         entry.setdefault("runtime_env", {})["working_dir"] = f"local://{app.tree.path}"
         for dep in entry["deployments"]:
@@ -439,6 +453,19 @@ async def sweep(url: str, app: App, capacity_items_per_s: float, shares: list[fl
             "first_refusal_seen": bool(refused)}
 
 
+async def reuse_sweep(url: str, app: App, quick: bool) -> dict:
+    """The `prefix` part's ramp on one application: its points, the best passing one and its
+    items/s."""
+    cfg = RateConfig(0.0, duration_s=6.0 if quick else 10.0, warmup_s=2.0, seed="reuse")
+    async with make_session() as session:
+        res = await run_sweep(session, f"{url}/{app.name}", text_workload(**PREFIX), cfg,
+                              P99_BOUND_MS, start_rate=PREFIX_START_RPS, factor=1.4,
+                              bisect_steps=2, cooldown_s=1.0, progress=False,
+                              report=lambda line: print(f"[{app.name}] {line}", flush=True))
+    best = res["best"]
+    return {**res, "items_per_s": best and round(best["achieved_items_per_s"], 1)}
+
+
 async def overload(url: str, app: App, rps: float, multiples: list[float]) -> dict:
     cfg = RateConfig(rps, duration_s=10.0, warmup_s=3.0, seed="overload")
     async with make_session() as session:
@@ -534,6 +561,8 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
         apps += [App(t, "bf16", adapter) for t in trees]
     if bench and (idle_cost or not quick):
         apps += [App(t, "bf16", load_control=False) for t in trees]
+    if "prefix" in parts:
+        apps += [App(t, "bf16", prefix_cache=True) for t in trees]
     running = start(apps)
     print(f"healthy after (s): {running.healthy_s}", flush=True)
     apps = [a for a in apps if a.name in running.healthy_s]
@@ -541,12 +570,15 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
         for tree in trees:
             figures[tree.label]["service_start_s"] = running.healthy_s.get(tree.label)
             details[tree.label]["start"] = start_breakdown([a for a in apps if a.tree is tree])
+        cached = {a.tree.label: a for a in apps if a.prefix_cache}
+        apps = [a for a in apps if not a.prefix_cache]
+        plain = [a for a in apps if a.precision == "bf16" and a.adapter is None
+                 and a.load_control]  # each tree's shipped application
         if bench:
             bench_rows(trees, apps, quick, lone_requests_n, figures, details, running, capacity,
                        sweep_shares, overload_multiples)
         if "feed" in parts:
-            for app in [a for a in apps if a.precision == "bf16" and a.adapter is None
-                        and a.load_control]:
+            for app in plain:
                 figs = figures[app.tree.label]
                 engine = (figs["feed_engine_items_per_s"] or (capacity or {}).get("feed")
                           or DEFAULT_FEED_CAPACITY_ITEMS_PER_S)
@@ -554,6 +586,17 @@ def measure(trees: list[Tree], quick: bool, fp8: bool, lora: bool, out_dir: Path
                                         10.0 if quick else 15.0, FEED, "feed-sweep"))
                 details[app.tree.label]["feed_sweep_bf16"] = res
                 figs["feed_http_items_per_s"] = res["items_per_s"]
+        if "prefix" in parts:
+            for app in [a for a in plain if a.tree.label in cached]:
+                off = asyncio.run(reuse_sweep(running.url, app, quick))
+                on = asyncio.run(reuse_sweep(running.url, cached[app.tree.label], quick))
+                details[app.tree.label]["prefix_reuse"] = {"off": off, "on": on}
+                figures[app.tree.label]["prefix_reuse_ratio"] = (
+                    round(on["items_per_s"] / off["items_per_s"], 3)
+                    if on["items_per_s"] and off["items_per_s"] else None)
+        if "long" in parts:
+            for app in plain:
+                figures[app.tree.label].update(long_rerank(running.url, app))
     finally:
         measured()  # written before the service stops: a stop that hangs loses nothing
         service_logs(running, logs)

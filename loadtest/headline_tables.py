@@ -56,6 +56,8 @@ LABELS = {
                               "0 failures", "items/s"),
     "feed_deterministic_ratio": ("engine, feed shape: deterministic scores (shipped) ÷ off",
                                  "ratio"),
+    "prefix_reuse_ratio": ("HTTP, text, long queries with reuse (2,000 + 20 × 50 words, each "
+                           "query 4 times): prefix cache on ÷ off", "ratio"),
 }
 TARGETS = {"readme": REPO_ROOT / "README.md", "benchmarks": REPO_ROOT / "docs" / "BENCHMARKS.md"}
 NOT_MEASURED = "not measured"

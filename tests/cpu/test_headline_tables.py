@@ -111,6 +111,20 @@ def test_an_application_without_load_control_refuses_nothing():
     assert shipped > 0  # the shipped config bounds the queue; the other app does not
 
 
+def test_a_cache_application_serves_the_shipped_one_with_the_prefix_cache_on():
+    tree = Tree("head", headline.REPO_ROOT, "a")
+    apps = [App(tree, "bf16"), App(tree, "bf16", prefix_cache=True)]
+    entries = {e["name"]: e for e in combined_config(apps, port=18000)["applications"]}
+    assert set(entries) == {"head", "head-cache"}
+    assert entries["head-cache"]["args"]["engine"]["prefix_cache"] == {
+        "tokens": headline.PREFIX_CACHE_TOKENS}
+    assert "prefix_cache" not in entries["head"]["args"]["engine"]  # off as shipped
+    del entries["head-cache"]["args"]["engine"]["prefix_cache"]
+    for name in ("name", "route_prefix"):
+        del entries["head"][name], entries["head-cache"][name]
+    assert entries["head"] == entries["head-cache"]  # nothing else differs
+
+
 def _part(parts, figures, baseline_figures, commit="aaa1111", measured_at="2026-12-03T10:00:00Z"):
     return {"gpu": "NVIDIA H200", "commit": commit, "baseline": "bbb2222",
             "command": f"python -m loadtest.headline --parts {','.join(parts)}", "quick": True,

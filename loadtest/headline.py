@@ -2,7 +2,7 @@
 optionally A/B against another commit in the same run (docs/BENCHMARKS.md, "Headline").
 
   python -m loadtest.headline [--quick [--fp8] [--lora] [--idle-cost]] [--baseline COMMIT]
-                              [--parts bench,feed] [--commit SHA] [--out PATH]
+                              [--parts bench,feed,prefix,long] [--commit SHA] [--out PATH]
   python -m loadtest.headline --merge PART.json PART.json ... [--out PATH]
 
 What it measures, on the shipped configs/score-gpu.yaml of each tree (its own file, its own code):
@@ -684,7 +684,8 @@ def merge_parts(docs: list[dict]) -> dict:
     details: dict = {}
     for doc in docs:
         for label, part in (doc.get("details") or {}).items():
-            details.setdefault(label, {}).update(part)
+            for key, value in part.items():  # as the figures: the first part's
+                details.setdefault(label, {}).setdefault(key, value)
     return {"gpu": first["gpu"], "commit": first["commit"], "baseline": first["baseline"],
             "command": " ; ".join(doc["command"] for doc in docs),
             "quick": all(doc.get("quick") for doc in docs),

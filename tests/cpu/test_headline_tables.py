@@ -131,7 +131,8 @@ def _part(parts, figures, baseline_figures, commit="aaa1111", measured_at="2026-
             "parts": parts, "complete": True, "measured_at": measured_at, "seconds": 300,
             "figures": dict.fromkeys(headline.FIGURES) | figures,
             "baseline_figures": dict.fromkeys(headline.FIGURES) | baseline_figures,
-            "diff": [], "more_baselines": [], "details": {"head": {parts[0]: 1}}}
+            "diff": [], "more_baselines": [],
+            "details": {"head": {parts[0]: 1, "start": parts[0]}}}
 
 
 def test_parts_of_one_run_merge_into_one_headline():
@@ -152,7 +153,7 @@ def test_parts_of_one_run_merge_into_one_headline():
     assert doc["measured_at"] == "2026-12-03T11:00:00Z" and doc["seconds"] == 600
     assert "--parts bench" in doc["command"] and "--parts feed" in doc["command"]
     assert [p["parts"] for p in doc["parts"]] == [["bench"], ["feed"]]
-    assert doc["details"]["head"] == {"bench": 1, "feed": 1}
+    assert doc["details"]["head"] == {"bench": 1, "feed": 1, "start": "bench"}
     # the tables read the merged JSON as any other
     assert "16,000 items/s |" in headline_tables.readme_table(doc)
 

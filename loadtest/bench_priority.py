@@ -10,9 +10,10 @@ priority=bulk), then, on the bench shape as text (120-token query, 10 items of 1
 3. bulk at 3× again, and online at 20% from within it: online's P99 and refusals, and the
    items/s served to both.
 Bulk's clients are processes of their own (tools/client_pool.py: they send $RANKER_API_KEY);
-online's is this process (an explicit header), at well under one client's rate. Prints a table
-and online's Server-Timing stages (where its wait beside bulk is), writes JSON with the command,
-GPU, commit and workload.
+online's is this process (an explicit header), at well under one client's rate. Prints a table,
+online's Server-Timing stages (where its wait beside bulk is) and the host's CPU per run
+(tools/host_cpu.py: busy share, cores by Serve deployment and client), writes JSON with the
+command, GPU, commit and workload.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from tools.configs import shipped_yaml
+from tools.host_cpu import HostCpu
 from tools.http_client import API_KEY_ENV, make_session
 from tools.loadgen import RateConfig, run_rate
 from tools.service import serving
@@ -66,7 +68,9 @@ async def _load(url: str, key: str, rate: float, duration_s: float, warmup_s: fl
     cfg = RateConfig(rate, duration_s=duration_s, warmup_s=warmup_s, seed=f"priority-{key[:4]}",
                      clients=clients or 0)
     async with make_session({"Authorization": f"Bearer {key}"}) as session:
-        point, _ = await run_rate(session, url, workload, cfg, progress=False)
+        with HostCpu() as cpu:
+            point, _ = await run_rate(session, url, workload, cfg, progress=False)
+    point["host_cpu"] = cpu.summary()
     return point
 
 
@@ -77,7 +81,8 @@ def _summary(point: dict) -> dict:
             "p99_ms": point["latency_ms"]["p99"], "client_processes": point["client_processes"],
             # where the time went (Server-Timing; tools/stats.py::where_time_went): the stages
             # of online's wait beside bulk
-            "stages_ms": point.get("stages_ms", {})}
+            "stages_ms": point.get("stages_ms", {}),
+            "host_cpu": point["host_cpu"]}
 
 
 async def measure(url: str, keys: dict[str, str]) -> dict:
@@ -133,6 +138,11 @@ def main() -> int:
     for name, row in rows[1:3]:
         print(f"{name}, Server-Timing p50 / p99 ms: " + ", ".join(
             f"{stage} {v['p50']} / {v['p99']}" for stage, v in row["stages_ms"].items()))
+    for name, row in rows:
+        cpu = row["host_cpu"]
+        print(f"{name}, host CPU busy p50 / p99 %: {cpu['host_busy_percent']['p50']} / "
+              f"{cpu['host_busy_percent']['p99']}; cores p50 / p99: " + ", ".join(
+                  f"{group} {v['p50']} / {v['p99']}" for group, v in cpu["cores_by_group"].items()))
     print(f"online P99 with bulk ÷ alone {figures['online_p99_ratio']}, online refused "
           f"{figures['online_refused']}, total served ÷ capacity {figures['total_served_ratio']}")
     return 0

@@ -29,7 +29,12 @@ What it measures, on the shipped configs/score-gpu.yaml of each tree (its own fi
   - load control's idle cost (`--idle-cost` or the full set): an application per tree with
     `scheduler.max_queue_wait_s: 0` (nothing refused, so nothing shed), and a sporadic lone
     1-item request on the shipped application and on that one, A B A B:
-    `load_control_idle_cost_ms` is the p50 with load control less the p50 without.
+    `load_control_idle_cost_ms` is the p50 with load control less the p50 without;
+  - with the FP8 applications (`--fp8` or the full set): a sporadic lone 1-item request on each
+    tree's bf16 and FP8 applications, A B A B: `fp8_lone_delta_ms` is FP8's p50 less bf16's.
+The engine rows also give `engine_lone_ms`, a lone 1-item request on the shipped engine from
+launch to scores (bench_engine's deterministic mode), and goodput past capacity gives
+`p99_answered_{M}x_ms`, the P99 of the requests answered (not refused) at each multiple M.
 The workloads come in parts (`--parts`, default `bench`), each fitting one device call:
 - `bench`: every row above (the bench shape, and the rest of the quick or full set);
 - `feed`: the feed shape (FEED: a 300-token query and 100 items of 10 tokens, as a recommendation
@@ -122,6 +127,8 @@ FIGURES = {
     "deterministic_lone_delta_ms": False,
     "feed_engine_items_per_s": True, "feed_http_items_per_s": True,
     "feed_deterministic_ratio": True, "prefix_reuse_ratio": True,
+    "engine_lone_ms": False, "fp8_lone_delta_ms": False,
+    "p99_answered_1.2x_ms": False, "p99_answered_1.5x_ms": False, "p99_answered_3x_ms": False,
 }
 LONG_SHAPES = {"long_10000x64_s": (10_000, 64), "long_100x8000_s": (100, 8_000)}
 # measures of the machine or of the run, not of the code: in the diff, never a regression
@@ -241,6 +248,9 @@ def engine_figures(tree: Tree, lora: bool, out_dir: Path) -> dict:
             "ceiling_items_per_s": round(doc["ceiling_items_per_s"], 1),
             "lora_1_adapter_ratio": ratio("LoRA, 1 adapter on all"),
             "lora_16_mixed_ratio": ratio("LoRA, 16 mixed"),
+            # a lone 1-item request on the shipped engine, launch to scores (a graph replay)
+            "engine_lone_ms": (doc.get("deterministic") or {}).get("lone_request_ms") and round(
+                doc["deterministic"]["lone_request_ms"], 3),
             **{f"deterministic_{key}": round(value, 4)
                for key, value in (doc.get("deterministic") or {}).items()
                if key in ("bf16_ratio", "fp8_ratio", "lone_delta_ms")}}
@@ -476,6 +486,9 @@ async def overload(url: str, app: App, rps: float, multiples: list[float]) -> di
     res["goodput_ratios"] = {
         f"goodput_{m:g}x_ratio": round(p["goodput_items_per_s"] / at_capacity, 3)
         if at_capacity else None for m, p in zip(multiples, res["overload"][1:])}
+    # the P99 of the requests answered (not refused) at each multiple
+    res["answered_p99"] = {f"p99_answered_{m:g}x_ms": p["accepted_p99_ms"]
+                           for m, p in zip(multiples, res["overload"][1:])}
     return res
 
 
@@ -610,6 +623,7 @@ def bench_rows(trees: list[Tree], apps: list[App], quick: bool, lone_requests_n:
     """The `bench` part's HTTP rows on the running service."""
     lora_apps = [a for a in apps if a.adapter is not None]
     no_control = [a for a in apps if not a.load_control]
+    fp8_apps = [a for a in apps if a.precision == "fp8"]
     apps = [a for a in apps if a.adapter is None and a.load_control]  # the sweeps' ones
     bf16 = [a for a in apps if a.precision == "bf16"]
     for items in (1, 10):
@@ -627,7 +641,9 @@ def bench_rows(trees: list[Tree], apps: list[App], quick: bool, lone_requests_n:
             ("lora_lone_delta_ms", "sporadic_lora", lora_apps, lambda a: (
                 (a.name, bench), (a.name, text_workload(**BENCH, model=ADAPTER)))),
             ("load_control_idle_cost_ms", "sporadic_load_control", no_control,
-             lambda a: ((a.name, lone), (a.tree.label, lone)))):
+             lambda a: ((a.name, lone), (a.tree.label, lone))),
+            ("fp8_lone_delta_ms", "sporadic_fp8", fp8_apps,
+             lambda a: ((a.tree.label, lone), (a.name, lone)))):
         if not chosen:
             continue
         paired = asyncio.run(lone_pairs(running.url, {a.name: sides(a) for a in chosen},
@@ -654,6 +670,7 @@ def bench_rows(trees: list[Tree], apps: list[App], quick: bool, lone_requests_n:
                                         overload_multiples))
             details[label]["overload"] = over
             figs.update(over["goodput_ratios"])
+            figs.update({k: v for k, v in over["answered_p99"].items() if k in FIGURES})
     if not quick:
         for app in bf16:
             figures[app.tree.label].update(long_rerank(running.url, app))

@@ -58,6 +58,11 @@ LABELS = {
                                  "ratio"),
     "prefix_reuse_ratio": ("HTTP, text, long queries with reuse (2,000 + 20 × 50 words, each "
                            "query 4 times): prefix cache on ÷ off", "ratio"),
+    "engine_lone_ms": ("engine, a lone 1-item request, launch to scores", "ms"),
+    "fp8_lone_delta_ms": ("a lone 1-item request on an idle service: FP8 − bf16 (p50)", "ms"),
+    "p99_answered_1.2x_ms": ("P99 of the requests answered at 1.2× the HTTP capacity", "ms"),
+    "p99_answered_1.5x_ms": ("the same at 1.5×", "ms"),
+    "p99_answered_3x_ms": ("the same at 3×", "ms"),
 }
 TARGETS = {"readme": REPO_ROOT / "README.md", "benchmarks": REPO_ROOT / "docs" / "BENCHMARKS.md"}
 NOT_MEASURED = "not measured"

@@ -12,8 +12,9 @@ run as one batch through Engine.launch + finish, as the scheduling loop runs a f
 after 3 warm-up steps, the median wall and launch (host) ms of `--steps` steps, then `--steps`
 steps under the torch profiler: each kernel's own device time summed per category
 (CATEGORIES, by kernel name), per batch. On a CPU engine (--config score.yaml) the aten ops'
-own CPU time stands in, summed over threads: a check that the tool runs, not a profile. Prints a table per shape;
-writes JSON with the command, device, commit, shapes and the top kernels of each run.
+own CPU time stands in, summed over threads: a check that the tool runs, not a profile. Prints
+a table per shape; writes JSON with the command, device, commit, shapes and the top kernels of
+each run.
 """
 
 from __future__ import annotations

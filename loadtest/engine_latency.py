@@ -40,10 +40,10 @@ CONFIG = "score-gpu.yaml"
 SHAPES = [(120, 10, 180), (0, 1, 300), (0, 10, 300), (120, 50, 200), (20, 20, 100)]
 
 
-def measure(engine: Engine, batch: tuple[list[PackedSequence], list[list[int]]],
-            repeats: int) -> tuple[float, float, float]:
+def wall_and_launch_ms(engine: Engine, batch: tuple[list[PackedSequence], list[list[int]]],
+                       repeats: int) -> tuple[float, float]:
     """Median wall ms and launch ms of `repeats` lone steps of `batch` (sequences, label ids per
-    sequence; after 3 warm-up steps), and kernel ms per step."""
+    sequence), after 3 warm-up steps."""
     for _ in range(3):
         engine.finish(engine.launch(*batch))
     walls, launches = [], []
@@ -54,11 +54,18 @@ def measure(engine: Engine, batch: tuple[list[PackedSequence], list[list[int]]],
         engine.finish(step)
         walls.append((time.perf_counter() - t0) * 1e3)
         launches.append((t1 - t0) * 1e3)
+    return statistics.median(walls), statistics.median(launches)
+
+
+def measure(engine: Engine, batch: tuple[list[PackedSequence], list[list[int]]],
+            repeats: int) -> tuple[float, float, float]:
+    """wall_and_launch_ms, and kernel ms per step."""
+    wall_ms, launch_ms = wall_and_launch_ms(engine, batch, repeats)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             engine.finish(engine.launch(*batch))
     kernel_us = sum(e.self_device_time_total for e in prof.key_averages())
-    return statistics.median(walls), statistics.median(launches), kernel_us / 5 / 1e3
+    return wall_ms, launch_ms, kernel_us / 5 / 1e3
 
 
 def host_profile(engine: Engine, batch: tuple[list[PackedSequence], list[list[int]]]) -> None:

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gpu_worker.forward.engine import Engine
+from loadtest.engine_latency import wall_and_launch_ms
 from ranker_contract.packing import PackedSequence, pack_request
 from tools import RESULTS_DIR, git_commit
 from tools.configs import shipped_app_config
@@ -78,16 +77,7 @@ def full_batch(shape: tuple[int, int, int], budget: int, max_seq_tokens: int,
 def run(engine: Engine, batch: tuple[list[PackedSequence], list[list[int]]],
         steps: int) -> dict:
     """Wall and launch ms (medians) and, per category, device ms per batch."""
-    for _ in range(3):
-        engine.finish(engine.launch(*batch))
-    walls, launches = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step = engine.launch(*batch)
-        t1 = time.perf_counter()
-        engine.finish(step)
-        walls.append((time.perf_counter() - t0) * 1e3)
-        launches.append((t1 - t0) * 1e3)
+    wall_ms, launch_ms = wall_and_launch_ms(engine, batch, steps)
     cuda = engine.device.type == "cuda"
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -102,8 +92,7 @@ def run(engine: Engine, batch: tuple[list[PackedSequence], list[list[int]]],
         by_category[category(name)] = by_category.get(category(name), 0.0) + ms
     total = sum(by_category.values())
     kernels.sort(key=lambda k: -k[1])
-    return {"wall_ms": round(statistics.median(walls), 3),
-            "launch_ms": round(statistics.median(launches), 3),
+    return {"wall_ms": round(wall_ms, 3), "launch_ms": round(launch_ms, 3),
             "device_ms": round(total, 3),
             "by_category_ms": {c: round(ms, 3) for c, ms in
                                sorted(by_category.items(), key=lambda kv: -kv[1])},

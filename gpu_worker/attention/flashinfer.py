@@ -22,10 +22,17 @@ from __future__ import annotations
 
 import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from gpu_worker.attention.prefix_cache import kv_pair
+from gpu_worker.attention.short_items import (
+    short_item_tables,
+    short_item_tokens,
+    table_capacity,
+    tile_tokens,
+)
 from ranker_contract.model_config import ModelConfig
 from ranker_contract.packing import PackedSequence
 
@@ -44,25 +51,36 @@ def row_indices(start: int, end: int) -> array.array:
     return _ROW_INDICES[start:end]
 
 
-def paged_layout(sequences: list[PackedSequence], cached_rows: list[range | None] | None = None
-                 ) -> tuple[list[int], list[int], array.array]:
+def paged_layout(sequences: list[PackedSequence], cached_rows: list[range | None] | None = None,
+                 short: int = 0) -> tuple[list[int], list[int], array.array]:
     """(qo_indptr, kv_indptr, kv_indices) of the batch: one request per attention block, its K/V
     pages the sequence's query rows (blocks after the first) and then the block's rows.
     `cached_rows[i]`: the key rows, after the batch's own, of sequences[i]'s cached query rows
-    (cached_gather), first in each of its page lists; None: it has none."""
+    (cached_gather), first in each of its page lists; None: it has none. `short`: item blocks of
+    at most this many rows are the short-item kernel's (gpu_worker/attention/short_items.py):
+    each run of them one request over its own rows, whose output the kernel overwrites."""
     qo_indptr, kv_indptr = [0], [0]
     kv_indices = array.array("i")
     offset = 0
     for seq, cached in zip(sequences, cached_rows or [None] * len(sequences), strict=True):
         cached = row_indices(cached.start, cached.stop) if cached else array.array("i")
         query_rows = cached + row_indices(offset, offset + seq.prefix_len)
+        ends = seq.block_ends
         start = offset
-        for block, end in enumerate(seq.block_ends):
-            kv_indices.extend(query_rows if block else cached)
-            kv_indices.extend(row_indices(start, offset + end))
-            start = offset + end
+        block = 0
+        while block < len(ends):
+            end = offset + ends[block]
+            if block and end - start <= short:  # a run of short blocks: its own rows only
+                while block + 1 < len(ends) and ends[block + 1] - ends[block] <= short:
+                    block += 1
+                end = offset + ends[block]
+            else:
+                kv_indices.extend(query_rows if block else cached)
+            kv_indices.extend(row_indices(start, end))
+            start = end
             qo_indptr.append(start)
             kv_indptr.append(len(kv_indices))
+            block += 1
         offset += seq.num_tokens
     return qo_indptr, kv_indptr, kv_indices
 
@@ -217,13 +235,15 @@ class FlashInferAttention:
                            "engine.deterministic: false")
         self._fence = _PlanFence()
         self.plans = 0  # plan() calls so far: the wrapper holds the last one's
+        self.short = short_item_tokens(cfg)  # item blocks the short-item kernel computes
+        self._tile = tile_tokens(cfg)
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype,
              cached_slots: list[Sequence[int] | None] | None = None
              ) -> FlashInferBatchAttention:
         gather, cached_rows = cached_gather(sum(seq.num_tokens for seq in sequences),
                                             cached_slots or [None] * len(sequences))
-        qo_indptr, kv_indptr, kv_indices = paged_layout(sequences, cached_rows)
+        qo_indptr, kv_indptr, kv_indices = paged_layout(sequences, cached_rows, self.short)
         rows = qo_indptr[-1]
         added = self._widest_tile and add_tile_request(qo_indptr, kv_indptr, self._group,
                                                        self.cfg.head_dim)
@@ -234,12 +254,36 @@ class FlashInferAttention:
             hide_tile_request(self.wrapper, rows)
         self._fence.issued()
         self.plans += 1
-        gather_gpu = None
+        gather_gpu = short = None
         if gather:
             host = torch.frombuffer(gather, dtype=torch.int32).pin_memory()
             gather_gpu = host.to(self.device, non_blocking=True)
             keep += (host, gather_gpu)
-        return FlashInferBatchAttention(self, self.plans, gather_gpu, keep)
+        tiles, items = short_item_tables(sequences, cached_rows, self.short, self._tile)
+        if tiles:
+            host = torch.frombuffer(tiles + items, dtype=torch.int32).pin_memory()
+            tables = host.to(self.device, non_blocking=True)
+            short = ShortItems(tables[:len(tiles)].view(-1, 8), tables[len(tiles):].view(-1, 2),
+                               self.short)
+            keep += (host, tables)
+        return FlashInferBatchAttention(self, self.plans, gather_gpu, short, keep)
+
+
+@dataclass(slots=True)
+class ShortItems:
+    """A batch's tables for the short-item kernel (gpu_worker/attention/short_items.py), on the
+    device: its rows of `out` are the kernel's, written after FlashInfer's."""
+
+    tiles: torch.Tensor  # [n, 8] int32
+    items: torch.Tensor  # [m, 2] int32
+    item_tokens: int
+
+    def write(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
+              ) -> torch.Tensor:
+        from gpu_worker.kernels.short_item_attention import short_item_attention
+
+        short_item_attention(q, k, v, out, self.tiles, self.items, self.item_tokens)
+        return out
 
 
 class FlashInferBatchAttention:
@@ -247,13 +291,14 @@ class FlashInferBatchAttention:
     wrapper holds one plan at a time, so this one runs only until the backend plans the next
     batch: the engine queues a batch's whole forward before it plans another, and a call after
     that is refused, never run on another batch's plan. `gather`: the pool slots of the
-    batch's cached query rows (cached_gather), or None; `keep_alive`: the tensors the kernels
-    read until the batch finished."""
+    batch's cached query rows (cached_gather), or None; `short`: its short items' tables, or
+    None (it has none); `keep_alive`: the tensors the kernels read until the batch finished."""
 
     def __init__(self, backend: FlashInferAttention, plan: int, gather: torch.Tensor | None,
-                 keep_alive: tuple[torch.Tensor, ...]) -> None:
+                 short: ShortItems | None, keep_alive: tuple[torch.Tensor, ...]) -> None:
         self.backend, self.number = backend, plan
         self.gather = gather
+        self.short = short
         self.keep_alive = keep_alive
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -261,15 +306,16 @@ class FlashInferBatchAttention:
         if self.number != self.backend.plans:
             raise RuntimeError("this batch's attention plan was replaced by a later batch's")
         wrapper = self.backend.wrapper
-        if self.gather is None:
-            return run_paged(wrapper, q, k, v)
-        # The batch's K/V, then the cached rows it reads: [T + C, 2, Hk, D], one copy each.
-        rows = k.shape[0]
-        kv = torch.empty((rows + len(self.gather), 2, *k.shape[1:]), dtype=k.dtype,
-                         device=k.device)
-        kv[:rows] = kv_pair(k, v)
-        torch.index_select(self.backend.pool[layer], 0, self.gather, out=kv[rows:])
-        return run_paged(wrapper, q, kv[:, 0], kv[:, 1])
+        if self.gather is not None:
+            # The batch's K/V, then the cached rows it reads: [T + C, 2, Hk, D], one copy each.
+            rows = k.shape[0]
+            kv = torch.empty((rows + len(self.gather), 2, *k.shape[1:]), dtype=k.dtype,
+                             device=k.device)
+            kv[:rows] = kv_pair(k, v)
+            torch.index_select(self.backend.pool[layer], 0, self.gather, out=kv[rows:])
+            k, v = kv[:, 0], kv[:, 1]
+        out = run_paged(wrapper, q, k, v)
+        return out if self.short is None else self.short.write(q, k, v, out)
 
 
 class FlashInferGraphAttention:
@@ -287,7 +333,7 @@ class FlashInferGraphAttention:
     rewrites those buffers for each batch that replays it.
     """
 
-    def __init__(self, cfg: ModelConfig, device: torch.device, tokens: int,
+    def __init__(self, cfg: ModelConfig, device: torch.device, tokens: int, items: int,
                  max_requests: int, kv_capacity: int, workspace_gpu: torch.Tensor) -> None:
         import flashinfer
 
@@ -306,12 +352,23 @@ class FlashInferGraphAttention:
             paged_kv_last_page_len_buf=torch.ones(slots, **i32))
         zero_int_workspace(self.wrapper)
         self._fence = _PlanFence()
+        # The short-item kernel's tables at their most for the bucket, padded with empty tiles:
+        # every replay launches the kernel over all of them.
+        self.short = short_item_tokens(cfg)
+        self._tile = tile_tokens(cfg)
+        self._short_items = None
+        if self.short:
+            n_tiles, n_items = table_capacity(tokens, items, self.short, self._tile)
+            tables = torch.zeros(8 * n_tiles + 2 * n_items, **i32)
+            self._short_items = ShortItems(tables[:8 * n_tiles].view(-1, 8),
+                                           tables[8 * n_tiles:].view(-1, 2), self.short)
+            self._tables = tables
 
     def plan(self, sequences: list[PackedSequence], dtype: torch.dtype
              ) -> tuple[torch.Tensor, ...]:
         """Write the batch's layout into the graph's buffers; returns the tensors that must stay
         alive until the batch finished."""
-        qo_indptr, kv_indptr, kv_indices = paged_layout(sequences)
+        qo_indptr, kv_indptr, kv_indices = paged_layout(sequences, short=self.short)
         kv_indices.extend(row_indices(qo_indptr[-1], self.tokens))  # the padding request
         qo_indptr.append(self.tokens)
         kv_indptr.append(len(kv_indices))
@@ -324,8 +381,19 @@ class FlashInferGraphAttention:
         keep = plan_wrapper(self.wrapper, self.cfg, self.device, qo_indptr, kv_indptr,
                             kv_indices, dtype, disable_split_kv=True)
         self._fence.issued()
+        if self._short_items is not None:
+            tiles, items = short_item_tables(sequences, [None] * len(sequences), self.short,
+                                             self._tile)
+            short = self._short_items
+            zero = array.array("i", [0])
+            tables = (tiles + zero * (short.tiles.numel() - len(tiles))
+                      + items + zero * (short.items.numel() - len(items)))
+            host = torch.frombuffer(tables, dtype=torch.int32).pin_memory()
+            self._tables.copy_(host, non_blocking=True)
+            keep += (host,)
         return keep
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
-        return run_paged(self.wrapper, q, k, v)
+        out = run_paged(self.wrapper, q, k, v)
+        return out if self._short_items is None else self._short_items.write(q, k, v, out)

@@ -77,7 +77,7 @@ class CudaGraphs:
             for rows in sorted((r for r in ROW_BUCKETS if r <= tokens
                                 and (tokens - 2 * r) * group > widest_tile_above(
                                     cfg.head_dim)), reverse=True):
-                attention = FlashInferGraphAttention(cfg, device, tokens,
+                attention = FlashInferGraphAttention(cfg, device, tokens, items=rows,
                                                      max_requests=2 * rows,
                                                      kv_capacity=tokens * (rows + 1),
                                                      workspace_gpu=workspace)

@@ -81,6 +81,73 @@ def test_every_item_row_sees_the_query_and_its_own_item_so_far_in_both_backends(
             offset += seq.num_tokens
 
 
+def visible_by_tables(tiles, items):
+    """Row -> the rows it attends to, as the short-item kernel reads them
+    (gpu_worker/kernels/short_item_attention.py): its query's keys (cached, then its own query
+    rows), then its item's up to itself; each row in exactly one tile."""
+    seen = {}
+    for t in range(0, len(tiles), 8):
+        first, end, cached_at, cached, query_at, n_query, first_item, n_items = tiles[t:t + 8]
+        query = set(range(cached_at, cached_at + cached)) | set(range(query_at,
+                                                                      query_at + n_query))
+        covered = set()
+        for i in range(first_item, first_item + n_items):
+            item_row, n = items[2 * i], items[2 * i + 1]
+            assert item_row < end and item_row + n > first  # the item overlaps the tile
+            for row in range(max(first, item_row), min(end, item_row + n)):
+                assert row not in seen
+                seen[row] = query | set(range(item_row, row + 1))
+                covered.add(row)
+        assert covered == set(range(first, end))  # the tile's rows are its items'
+    return seen
+
+
+@pytest.mark.parametrize("short", [0, 1, 3, 32])
+def test_short_item_blocks_are_the_kernels_and_every_row_still_sees_what_the_mask_says(short):
+    """With short item blocks taken out (gpu_worker/attention/short_items.py), the short-item
+    tables give each of their rows what the mask gives it, FlashInfer's layout gives every
+    other row the same as before, and still covers every row once (a run of short blocks is one
+    request over its own rows, whose output the kernel overwrites)."""
+    from gpu_worker.attention.short_items import short_item_tables, short_runs
+
+    rng = random.Random(short)
+    for _ in range(200):
+        sequences = random_sequences(rng)
+        total = sum(s.num_tokens for s in sequences)
+        tile = rng.choice([1, 2, 3, 64])
+        by_tables = visible_by_tables(*short_item_tables(sequences, [None] * len(sequences),
+                                                         short, tile))
+        by_layout = visible_by_layout(*paged_layout(sequences, short=short), total)
+        whole = visible_by_layout(*paged_layout(sequences), total)
+        offset, short_rows = 0, set()
+        for seq in sequences:
+            starts = [0, *seq.block_ends[:-1]]
+            for b, (start, end) in enumerate(zip(starts, seq.block_ends)):
+                if b and end - start <= short:
+                    short_rows |= set(range(offset + start, offset + end))
+            assert {(offset + a, offset + b) for run in short_runs(seq, short)
+                    for a, b in run} == {(offset + a, offset + b) for b_, (a, b) in
+                                         enumerate(zip(starts, seq.block_ends))
+                                         if b_ and b - a <= short}
+            offset += seq.num_tokens
+        assert set(by_tables) == short_rows
+        for row in range(total):
+            assert (by_tables if row in short_rows else by_layout)[row] == whole[row], row
+
+
+def test_short_item_tables_of_cached_query_rows_name_the_cached_rows_first():
+    from gpu_worker.attention.prefix_cache import cached_form
+    from gpu_worker.attention.short_items import short_item_tables
+
+    # query of 6 rows, 4 of them cached; items of 2, 1 and 5 tokens (+ delimiter)
+    seq = cached_form(pack_multi_item([1] * 6, [[2] * 2, [3], [4] * 5], D), 4)
+    tiles, items = short_item_tables([pack_plain([9] * 3, 0), seq],
+                                     [None, range(100, 104)], 4, 64)
+    # rows: plain 0-2; the sequence from 3: query 3-4, D 5, items 6-8, 9-10, 11-16
+    assert list(tiles) == [6, 11, 100, 4, 3, 2, 0, 2]  # the 6-row item is not short
+    assert list(items) == [6, 3, 9, 2]
+
+
 def test_layout_of_a_batch_past_the_first_row_table_counts_every_row():
     # 70,000 rows: more than the 65,536 indices the page lists are first sliced from.
     sequences = [pack_plain([1] * 30_000, 0), pack_multi_item([1] * 5, [[2] * 20_000] * 2, D)]
@@ -276,6 +343,8 @@ def test_a_batch_attention_refuses_to_run_once_its_wrapper_planned_another(monke
         BatchPrefillWithPagedKVCacheWrapper=Wrapper))
     monkeypatch.setattr(backend, "plan_wrapper", plan_wrapper)
     monkeypatch.setattr(backend, "_PlanFence", NoFence)
+    # every block to FlashInfer: the short-item kernel's tables live on a GPU
+    monkeypatch.setattr(backend, "short_item_tokens", lambda cfg: 0)
     cfg = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     attention = backend.FlashInferAttention(cfg, torch.device("cpu"), split_kv=True)
     first_batch = [pack_multi_item([1, 2, 3], [[4], [5, 6]], 0)]

@@ -4,17 +4,22 @@ each scored alone as the reference (a CUDA graph replay), then in other composit
 first batch is past the largest graph, a prefix-cache miss, hits and partial hits); every label
 log-prob must equal its lone one bit for bit, bf16 and FP8.
 
-Three sets: 1,000 pairs of queries of 32 to 200 tokens and items of 32 to 300; and 500 of short
-items (1 to 31 tokens) after queries of 16 to 300, pairs of which start alike (a partial hit),
-whose blocks average so few rows that FlashInfer's eager planner would take a narrower tile
+Three sets: 1,000 pairs of queries of 32 to 200 tokens and items of 1 to 300 (a tenth of them
+short, up to 31 tokens: the short-item kernel's, gpu_worker/attention/short_items.py, in the same
+sequences as FlashInfer's longer ones); and 500 of short items (1 to 31 tokens) after queries of
+16 to 300, pairs of which start alike (a partial hit), whose blocks average so few rows that
+FlashInfer's eager planner would take a narrower tile
 (gpu_worker/attention/flashinfer.py::add_tile_request); and 300 pairs on LoRA adapters (two, and
-the model alone), alone, in batches of one adapter and in batches that mix them."""
+the model alone), alone, in batches of one adapter and in batches that mix them. A partial hit
+of items longer than 31 tokens is not among them: it differs (docs/ARCHITECTURE.md,
+"Deterministic scores")."""
 
 import random
 
 import pytest
 
 from gpu_worker.attention.flashinfer import add_tile_request, paged_layout
+from gpu_worker.attention.short_items import short_item_tokens
 from gpu_worker.forward.engine import Engine
 from gpu_worker.model.lora import load_adapter
 from ranker_contract.config import EngineConfig, LoraConfig
@@ -121,8 +126,9 @@ def test_a_score_does_not_depend_on_its_batch(engine):
     rng = random.Random(53)
     items_per_query = [500, 100, 100, 100, 100, 100]  # 1,000 pairs
     queries = [ids(rng, rng.randint(32, 200)) for _ in items_per_query]
-    items = {(q, i): ids(rng, rng.randint(32, 300))
+    items = {(q, i): ids(rng, rng.randint(1, 300))
              for q, n in enumerate(items_per_query) for i in range(n)}
+    assert 50 < sum(len(item) < 32 for item in items.values()) < 200  # both kernels' items
     differ, stats, sequences = compositions(engine, rng, queries, items)
     # each query's first request a miss, every later one a hit
     assert (stats.misses, stats.hits, stats.partial_hits) == (
@@ -141,9 +147,11 @@ def test_short_items_and_queries_that_start_alike(engine):
              for q, n in enumerate(items_per_query) for i in range(n)}
     mcfg = engine.model.config
     group = mcfg.num_attention_heads // mcfg.num_key_value_heads
+    short = short_item_tokens(mcfg)
+    assert short == 32  # an item of up to 31 tokens and its delimiter: the kernel's
     # the lone eager batches include some the planner would have run on a narrower tile
-    assert any(add_tile_request(*paged_layout(pack(queries[q], [items[q, i]]))[:2], group,
-                                mcfg.head_dim) for q, i in items)
+    assert any(add_tile_request(*paged_layout(pack(queries[q], [items[q, i]]), short=short)[:2],
+                                group, mcfg.head_dim) for q, i in items)
     differ, stats, sequences = compositions(engine, rng, queries, items)
     # of each pair of queries alike, the first to come a miss and the other a partial hit;
     # every later request of the four a hit; the short query never looked up

@@ -15,10 +15,14 @@ import pytest
 from gpu_worker.forward.engine import Engine
 from gpu_worker.model.fp8 import Fp8Linear
 from ranker_contract.config import EngineConfig
-from ranker_contract.packing import pack_multi_item, pack_plain
 from tests.fp8_checkpoints import write_compressed_tensors_fp8, write_fine_grained_fp8
 from tests.gpu.conftest import run_batch, worst_difference
-from tests.gpu.test_gpu_fp8 import VOCAB, _config, _requests
+from tests.gpu.test_gpu_fp8 import (
+    _config,
+    _requests,
+    assert_multi_item_bounds,
+    multi_item_differences,
+)
 
 WRITERS = {"compressed-tensors": write_compressed_tensors_fp8,
            "fine-grained": write_fine_grained_fp8}
@@ -58,11 +62,4 @@ def test_fp8_checkpoint_scores_stay_near_its_dequantized_bf16(engines):
 
 def test_fp8_checkpoint_multi_item_equals_one_at_a_time(engines):
     fp8, _ = engines
-    rng = random.Random(5)
-    query = [rng.randrange(VOCAB) for _ in range(120)]
-    items = [[rng.randrange(VOCAB) for _ in range(n)] for n in (180, 1, 57, 180, 3, 99)]
-    packed = run_batch(fp8, [pack_multi_item(query, items, 0)])[0]
-    alone = [run_batch(fp8, [pack_plain(query + item, k)])[0][0] for k, item in enumerate(items)]
-    lp, p = worst_difference([packed], [alone])
-    print(f"fp8 checkpoint multi-item vs alone: max |Δ logprob| {lp:.3e}, max |Δ softmax| {p:.3e}")
-    assert p <= 5e-3
+    assert_multi_item_bounds(multi_item_differences(fp8))

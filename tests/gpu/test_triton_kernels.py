@@ -235,3 +235,90 @@ def test_log_sum_exp_rows_matches_reference_and_ignores_the_other_rows(dtype, co
     # a row's bits do not depend on which or how many rows come with it
     for rows in ([7], [0, 7], list(range(7, 40))):
         assert torch.equal(log_sum_exp_rows(x[rows])[rows.index(7)], got[7])
+
+
+def _short_item_batch(rng, sequences_n, cached, dtype):
+    """Multi-item sequences of queries of 1 to 150 tokens and items of 0 to 40 (short and not),
+    random q/k/v for their rows, and with `cached` each query's first rows as cached key rows
+    after the batch's (as flashinfer.cached_gather lays them): (sequences, cached_rows, q, k,
+    v)."""
+    from gpu_worker.attention.prefix_cache import cached_form
+    from ranker_contract.packing import pack_multi_item
+
+    wholes = [pack_multi_item([1] * rng.randint(1, 150),
+                              [[2] * rng.randint(0, 40) for _ in range(rng.randint(1, 30))], 0)
+              for _ in range(sequences_n)]
+    cuts = [rng.randint(1, w.prefix_len) if cached else 0 for w in wholes]
+    sequences = [cached_form(w, c) if c else w for w, c in zip(wholes, cuts)]
+    rows = sum(s.num_tokens for s in sequences)
+    cached_rows, at = [], rows
+    for c in cuts:
+        cached_rows.append(range(at, at + c) if c else None)
+        at += c
+    gen = torch.Generator().manual_seed(rng.randint(0, 1 << 30))
+    q = torch.randn(rows, 16, 128, generator=gen).to(dtype).to(DEVICE)
+    kv = torch.randn(at, 2, 8, 128, generator=gen).to(dtype).to(DEVICE)
+    return sequences, cached_rows, q, kv[:, 0], kv[:, 1]
+
+
+# the interpreter (TRITON_INTERPRET=1) gets a bf16 tl.dot wrong: float32 there
+@pytest.mark.parametrize("dtype", [torch.bfloat16 if DEVICE == "cuda" else torch.float32])
+@pytest.mark.parametrize("cached", [False, True], ids=["miss", "cached query rows"])
+def test_short_item_attention_matches_reference_and_a_row_its_lone_computation(cached, dtype):
+    """gpu_worker/kernels/short_item_attention.py against a float64 softmax over each row's keys
+    (its query's, then its own item's up to itself); and each item's rows bit for bit what the
+    kernel computes for that item alone after its query, whatever shares its tiles."""
+    import random
+
+    from gpu_worker.attention.short_items import (
+        SHORT_ITEM_TOKENS,
+        short_item_tables,
+        short_runs,
+    )
+    from gpu_worker.kernels.short_item_attention import (
+        short_item_attention,
+        short_item_attention_reference,
+    )
+    from ranker_contract.packing import pack_multi_item
+
+    rng = random.Random(7 + cached)
+
+    def run(sequences, cached_rows, q, k, v):
+        tiles, items = short_item_tables(sequences, cached_rows, SHORT_ITEM_TOKENS, 64)
+        tiles = torch.frombuffer(tiles, dtype=torch.int32).view(-1, 8).to(DEVICE)
+        items = torch.frombuffer(items, dtype=torch.int32).view(-1, 2).to(DEVICE)
+        out = torch.full_like(q, float("nan"))
+        short_item_attention(q, k, v, out, tiles, items, SHORT_ITEM_TOKENS)
+        return out, tiles, items
+
+    sequences, cached_rows, q, k, v = _short_item_batch(rng, 4, cached, dtype)
+    out, tiles, items = run(sequences, cached_rows, q, k, v)
+    want = short_item_attention_reference(q, k, v, tiles.cpu(), items.cpu())
+    assert len(want) > 500
+    for row, expected in want.items():
+        err = ((out[row].double() - expected).norm() / expected.norm()).item()
+        assert err < 2e-2, (row, err)
+    short_rows = torch.zeros(q.shape[0], dtype=torch.bool)
+    short_rows[list(want)] = True
+    assert not out[short_rows.to(DEVICE)].isnan().any()
+    assert out[~short_rows.to(DEVICE)].isnan().all()  # every other row left as it was
+
+    if DEVICE != "cuda":  # the interpreter's tl.dot is numpy's: its rows follow their place
+        return
+    # each short item alone after its query (its rows copied to a batch of their own)
+    offset, checked = 0, 0
+    for seq, cached in zip(sequences, cached_rows):
+        query_keys = list(cached or []) + list(range(offset, offset + seq.prefix_len))
+        for blocks in short_runs(seq, SHORT_ITEM_TOKENS):
+            for first, end in rng.sample(blocks, min(3, len(blocks))):
+                # the lone batch: its query rows (keys only), its delimiter, the item's rows
+                lone = pack_multi_item([1] * len(query_keys), [[2] * (end - first - 1)], 0)
+                item = list(range(offset + first, offset + end))
+                rows = [offset] * lone.block_ends[0] + item  # a query row's q is never read
+                keys = query_keys + query_keys[:1] + item
+                alone, _, _ = run([lone], [None], q[rows], k[keys], v[keys])
+                item_rows = slice(lone.block_ends[0], lone.num_tokens)
+                assert torch.equal(alone[item_rows], out[offset + first:offset + end])
+                checked += 1
+        offset += seq.num_tokens
+    assert checked > 10
